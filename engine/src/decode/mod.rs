@@ -1,0 +1,80 @@
+//! Decoding: turning a model's per-position scores into tokens, and tokens into text.
+//!
+//! The model side (GPU, or the CPU reference) implements [`LogitSource`]: it encodes a
+//! 30 s window, appends tokens to the decoder state (one batched pass for several) and
+//! returns, for the last position, the few numbers Whisper's decoding rules need. The full
+//! vocabulary of logits never leaves the GPU: the masking and the argmax / log-sum-exp
+//! reductions run there (see `kernels/select.wgsl`), and only [`StepScores`] comes back.
+
+pub mod tokenizer;
+pub mod whisper;
+
+use crate::Result;
+
+/// Token ids of the special tokens and the layout of the vocabulary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecialTokens {
+    pub eot: u32,
+    pub sot: u32,
+    pub sot_prev: u32,
+    pub no_speech: u32,
+    pub no_timestamps: u32,
+    /// First timestamp token (<|0.00|>); timestamps run to the end of the vocabulary.
+    pub timestamp_begin: u32,
+    /// Number of logits (vocabulary size).
+    pub vocab: u32,
+}
+
+/// The masks of one decoding step, on top of the static suppress list that the source
+/// was given at load (config.json's `suppress_ids`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepRules {
+    /// Mask every token in [0, eot): text must not follow a lone timestamp.
+    pub mask_text: bool,
+    /// Mask every token in [0, timestamp_begin): the first token must be a timestamp.
+    pub mask_non_timestamps: bool,
+    /// Allowed timestamp tokens are [ts_lo, ts_hi); empty when ts_lo >= ts_hi.
+    pub ts_lo: u32,
+    pub ts_hi: u32,
+    /// Up to two more ids masked at this step (Whisper's suppress_blank: " " and eot at
+    /// the first sampled position); u32::MAX marks an unused slot.
+    pub extra_suppress: [u32; 2],
+    /// A token whose raw logit is reported in [`StepScores::probe_logit`] (no_speech).
+    pub probe: u32,
+}
+
+/// What comes back from the GPU per step. "Masked" means after the static suppress list
+/// and the [`StepRules`]. A maximum over an empty set is -inf, its best id u32::MAX.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepScores {
+    /// Argmax / max / log-sum-exp of the masked logits over [0, timestamp_begin)
+    /// (text tokens, eot and the other specials). Ties go to the lowest id.
+    pub text_best: u32,
+    pub text_max: f32,
+    pub text_lse: f32,
+    /// The same over the allowed timestamps [ts_lo, ts_hi), masked.
+    pub ts_best: u32,
+    pub ts_max: f32,
+    pub ts_lse: f32,
+    /// Log-sum-exp of all raw logits (no mask at all).
+    pub raw_lse: f32,
+    /// Raw logit of `StepRules::probe`.
+    pub probe_logit: f32,
+}
+
+/// A Whisper model seen from the decoder loop.
+pub trait LogitSource {
+    /// Encode one 30 s window of log-mel (`n_mels` rows of 3000 frames, row-major) and
+    /// reset the decoder state (KV length 0; cross-attention K/V computed once here).
+    fn begin_window(&mut self, mel: &[f32]) -> Result<()>;
+    /// Append `tokens` at the next decoder positions (all in one batched pass when there
+    /// are several) and return the masked scores at the last of them.
+    fn advance(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores>;
+    /// Set the token ids masked at every step (config.json's suppress_ids plus what the
+    /// decoding options add). Replaces any earlier list.
+    fn set_suppress(&mut self, ids: &[u32]) -> Result<()>;
+    /// Decoder context length (448 for Whisper).
+    fn max_positions(&self) -> usize;
+    /// Mel bins the encoder takes (80; 128 for large-v3).
+    fn n_mels(&self) -> usize;
+}

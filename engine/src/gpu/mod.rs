@@ -1,0 +1,393 @@
+//! The GPU device context: one wgpu device, created here or borrowed from the window, plus
+//! the pieces every kernel launch goes through (pipeline cache, buffers, the recorder).
+//!
+//! Errors from wgpu arrive asynchronously (validation, out of memory, device loss). wgpu's
+//! default handler panics on them; we install our own that records the first one, and
+//! every submit / readback checks it, so a failure becomes an [`Error`] value at the next
+//! call instead of a panic in a callback.
+
+mod recorder;
+
+pub use recorder::{Cost, KernelStat, Profile, Recorder};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::{Error, Result};
+
+/// How to pick and open the adapter.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Use the first adapter whose name contains this (case-insensitive). `VERBATIM_ADAPTER`
+    /// in the environment does the same when this is `None`.
+    pub adapter: Option<String>,
+    /// Resolve per-dispatch GPU times with timestamp queries when the adapter offers them.
+    pub profile: bool,
+}
+
+/// The kinds of binding a kernel declares, in binding order (binding 0 is always the
+/// uniform parameter block and is not listed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// A compiled compute kernel: its pipeline and the explicit bind-group layout built from its
+/// declared bindings (explicit, so an unused binding cannot silently drop out of an
+/// auto-derived layout).
+pub struct Kernel {
+    pub name: &'static str,
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+    pub bindings: Vec<Access>,
+}
+
+/// Shared state the wgpu callbacks write into.
+#[derive(Default)]
+struct Faults {
+    lost: Option<String>,
+    error: Option<String>,
+}
+
+/// What the adapter is and what it can do.
+#[derive(Clone, Debug)]
+pub struct GpuInfo {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub timestamps: bool,
+    pub subgroups: bool,
+    pub shader_f16: bool,
+    pub max_storage_binding: u64,
+}
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: GpuInfo,
+    /// Whether per-dispatch timestamps are recorded (asked for and supported).
+    pub profiling: bool,
+    faults: Arc<Mutex<Faults>>,
+    kernels: Mutex<HashMap<&'static str, Arc<Kernel>>>,
+    /// Uniform arenas reused across recorders (see `Recorder`).
+    pub(crate) arena_pool: Mutex<Vec<wgpu::Buffer>>,
+}
+
+fn features_wanted() -> wgpu::Features {
+    wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP
+        | wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+}
+
+impl Gpu {
+    /// Open our own device: the best adapter (a real GPU before a software one), with the
+    /// adapter's own limits and the optional features it has.
+    pub fn new(opts: &GpuOptions) -> Result<Gpu> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+        let instance = wgpu::Instance::new(desc.with_env());
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        if adapters.is_empty() {
+            return Err(Error::NoAdapter(
+                "no Vulkan, Metal or DirectX 12 adapter was found. Without a GPU, install Mesa's \
+                 software Vulkan driver (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers libvulkan1`)"
+                    .into(),
+            ));
+        }
+        let wanted = opts.adapter.clone().or_else(|| std::env::var("VERBATIM_ADAPTER").ok());
+        let adapter = match wanted {
+            Some(name) => {
+                let lower = name.to_lowercase();
+                let pos = adapters
+                    .iter()
+                    .position(|a| a.get_info().name.to_lowercase().contains(&lower))
+                    .ok_or_else(|| {
+                        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+                        Error::NoAdapter(format!(
+                            "no adapter named like \"{name}\"; available: {}",
+                            names.join(", ")
+                        ))
+                    })?;
+                adapters.swap_remove(pos)
+            }
+            None => {
+                // Rank: discrete, integrated, virtual, other, CPU (software) last.
+                let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                    wgpu::DeviceType::DiscreteGpu => 0,
+                    wgpu::DeviceType::IntegratedGpu => 1,
+                    wgpu::DeviceType::VirtualGpu => 2,
+                    wgpu::DeviceType::Other => 3,
+                    wgpu::DeviceType::Cpu => 4,
+                };
+                adapters.sort_by_key(rank);
+                adapters.remove(0)
+            }
+        };
+        let features = adapter.features() & features_wanted();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("verbatim"),
+            required_features: features,
+            required_limits: limits,
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::NoAdapter(format!("{} refused a device: {e}", adapter.get_info().name)))?;
+        Ok(Gpu::from_parts(device, queue, &adapter.get_info(), opts.profile))
+    }
+
+    /// Use a device someone else created (the window's, from eframe's render state).
+    /// Features the device lacks are simply not used.
+    pub fn borrow(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::AdapterInfo, profile: bool) -> Gpu {
+        Gpu::from_parts(device, queue, adapter, profile)
+    }
+
+    fn from_parts(device: wgpu::Device, queue: wgpu::Queue, ai: &wgpu::AdapterInfo, profile: bool) -> Gpu {
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        {
+            let f = faults.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
+                // Dropping our own device reports "Destroyed"; that is not a fault.
+                if !matches!(reason, wgpu::DeviceLostReason::Destroyed) {
+                    g.lost.get_or_insert(format!("{msg} ({reason:?})"));
+                }
+            });
+            let f = faults.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                let mut g = f.lock().unwrap_or_else(|p| p.into_inner());
+                g.error.get_or_insert(e.to_string());
+            }));
+        }
+        let feats = device.features();
+        let info = GpuInfo {
+            name: ai.name.clone(),
+            backend: format!("{:?}", ai.backend),
+            device_type: format!("{:?}", ai.device_type),
+            driver: format!("{} {}", ai.driver, ai.driver_info).trim().to_string(),
+            timestamps: feats.contains(wgpu::Features::TIMESTAMP_QUERY),
+            subgroups: feats.contains(wgpu::Features::SUBGROUP),
+            shader_f16: feats.contains(wgpu::Features::SHADER_F16),
+            max_storage_binding: device.limits().max_storage_buffer_binding_size as u64,
+        };
+        let profiling = profile && info.timestamps;
+        Gpu {
+            device,
+            queue,
+            info,
+            profiling,
+            faults,
+            kernels: Mutex::new(HashMap::new()),
+            arena_pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The first asynchronous fault wgpu reported, as an error (device loss first).
+    pub fn check(&self) -> Result<()> {
+        let g = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = &g.lost {
+            return Err(Error::DeviceLost(m.clone()));
+        }
+        if let Some(m) = &g.error {
+            return Err(Error::Gpu(m.clone()));
+        }
+        Ok(())
+    }
+
+    /// Compile (once) and return the kernel `name` from WGSL `source`, entry point `main`.
+    /// `bindings` lists bindings 1.. in order; binding 0 is the uniform parameter block.
+    pub fn kernel(&self, name: &'static str, source: &str, bindings: &[Access]) -> Result<Arc<Kernel>> {
+        if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
+            return Ok(k.clone());
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }];
+        for (i, a) in bindings.iter().enumerate() {
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(name),
+            entries: &entries,
+        });
+        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Gpu(format!("kernel {name} failed to compile: {e}")));
+        }
+        let k = Arc::new(Kernel { name, pipeline, layout, bindings: bindings.to_vec() });
+        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(name, k.clone());
+        Ok(k)
+    }
+
+    /// A storage buffer of `size` bytes (at least 4), zero-initialised by wgpu.
+    pub fn buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+        let size = size.max(4).next_multiple_of(4);
+        if size > self.device.limits().max_buffer_size {
+            return Err(Error::Unsupported(format!(
+                "buffer {label} needs {size} bytes; the adapter allows {}",
+                self.device.limits().max_buffer_size
+            )));
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Gpu(format!("cannot allocate {label} ({size} bytes): {e}")));
+        }
+        Ok(b)
+    }
+
+    /// A storage buffer holding `bytes` (padded to a multiple of 4).
+    pub fn upload(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+        let b = self.buffer(label, bytes.len() as u64)?;
+        self.write(&b, 0, bytes);
+        Ok(b)
+    }
+
+    pub fn upload_f32(&self, label: &str, v: &[f32]) -> Result<wgpu::Buffer> {
+        self.upload(label, bytemuck::cast_slice(v))
+    }
+
+    pub fn upload_u32(&self, label: &str, v: &[u32]) -> Result<wgpu::Buffer> {
+        self.upload(label, bytemuck::cast_slice(v))
+    }
+
+    /// Queue a write; lengths that are not a multiple of 4 are padded with zeros.
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if bytes.len() % 4 == 0 {
+            self.queue.write_buffer(buf, offset, bytes);
+        } else {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().next_multiple_of(4), 0);
+            self.queue.write_buffer(buf, offset, &v);
+        }
+    }
+
+    /// Fill a buffer with a 32-bit pattern (tests poison outputs with NaN this way).
+    pub fn fill_u32(&self, buf: &wgpu::Buffer, pattern: u32) {
+        let n = (buf.size() / 4) as usize;
+        self.queue.write_buffer(buf, 0, bytemuck::cast_slice(&vec![pattern; n]));
+    }
+
+    /// Copy `len` bytes at `offset` of `buf` back to the host (waits for the GPU).
+    pub fn read(&self, buf: &wgpu::Buffer, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let len4 = len.next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: len4.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, len4);
+        self.queue.submit([enc.finish()]);
+        self.map_and_wait(&staging)?;
+        let mut data = staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Gpu(format!("reading a result back failed: {e}")))?
+            .to_vec();
+        staging.unmap();
+        data.truncate(len as usize);
+        Ok(data)
+    }
+
+    pub fn read_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<f32>> {
+        let b = self.read(buf, offset_elems * 4, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+
+    pub fn read_u32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<u32>> {
+        let b = self.read(buf, offset_elems * 4, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+
+    /// Map a MAP_READ buffer and block until it is mapped or the device fails.
+    pub(crate) fn map_and_wait(&self, staging: &wgpu::Buffer) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        // Another thread sharing the device may be the one whose poll runs our callback, a
+        // moment after our own wait returned: keep polling briefly until it arrives.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match rx.recv_timeout(std::time::Duration::from_millis(2)) {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => {
+                    self.check()?;
+                    return Err(Error::Gpu(format!("reading a result back failed: {e}")));
+                }
+                Err(_) if std::time::Instant::now() < deadline => {
+                    self.check()?;
+                    let _ = self.device.poll(wgpu::PollType::Poll);
+                }
+                Err(_) => {
+                    self.check()?;
+                    return Err(Error::Gpu("reading a result back did not complete".into()));
+                }
+            }
+        }
+    }
+
+    /// Block until all submitted work is done; report faults.
+    pub fn wait(&self) -> Result<()> {
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            self.check()?;
+            return Err(match e {
+                wgpu::PollError::Timeout => Error::Gpu("the GPU did not finish in time".into()),
+                other => Error::DeviceLost(other.to_string()),
+            });
+        }
+        self.check()
+    }
+
+    /// Start recording dispatches for one submission.
+    pub fn recorder(&self) -> Recorder<'_> {
+        Recorder::new(self)
+    }
+}

@@ -1,0 +1,340 @@
+//! The dispatch recorder: every kernel launch goes through [`Recorder::dispatch`], which
+//! names it (kernel + stage), books the bytes and FLOPs it must move, and — when the device
+//! has timestamp queries and profiling is on — times it on the GPU. The same records feed
+//! `--timings` in the CLI and the timing panel in the window.
+//!
+//! Parameters: each dispatch's small uniform block is written into a 256-byte slot of an
+//! "arena" buffer; all slots are uploaded with one `write_buffer` per arena just before the
+//! submit (queue writes are ordered before the submit that follows them), so a dispatch
+//! costs no buffer creation. Arenas go back to a pool on the `Gpu` after the submit: a later
+//! recorder's `write_buffer` is ordered after this submission, so reuse is safe.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{Gpu, Kernel};
+use crate::{Error, Result};
+
+/// Uniform slot size: the largest `min_uniform_buffer_offset_alignment` in practice.
+const SLOT: u64 = 256;
+/// Slots per arena buffer.
+const SLOTS_PER_ARENA: u64 = 256;
+/// wgpu caps a query set at 4096 queries: 2 per timed dispatch.
+const MAX_TIMED: usize = 2048;
+
+/// What a dispatch must move and compute, for GB/s and FLOP/s in the profile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+/// Aggregated records of one kernel in one stage.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct KernelStat {
+    pub kernel: &'static str,
+    pub stage: &'static str,
+    pub dispatches: u64,
+    /// Sum of GPU time over the dispatches (0 when the device has no timestamps).
+    pub gpu_ns: f64,
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+/// Per-kernel statistics collected over many submissions.
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// Whether GPU times come from timestamp queries (false: only counts and bytes).
+    pub timed: bool,
+    stats: HashMap<(&'static str, &'static str), KernelStat>,
+}
+
+impl Profile {
+    fn add(&mut self, kernel: &'static str, stage: &'static str, cost: Cost, ns: f64) {
+        let s = self.stats.entry((kernel, stage)).or_insert_with(|| KernelStat {
+            kernel,
+            stage,
+            ..Default::default()
+        });
+        s.dispatches += 1;
+        s.gpu_ns += ns;
+        s.bytes += cost.bytes;
+        s.flops += cost.flops;
+    }
+
+    /// All records, largest GPU time first (dispatch count when untimed).
+    pub fn stats(&self) -> Vec<KernelStat> {
+        let mut v: Vec<KernelStat> = self.stats.values().cloned().collect();
+        v.sort_by(|a, b| {
+            b.gpu_ns
+                .partial_cmp(&a.gpu_ns)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(b.dispatches.cmp(&a.dispatches))
+                .then(a.kernel.cmp(b.kernel))
+        });
+        v
+    }
+
+    pub fn total_dispatches(&self) -> u64 {
+        self.stats.values().map(|s| s.dispatches).sum()
+    }
+
+    pub fn merge(&mut self, other: &Profile) {
+        self.timed |= other.timed;
+        for (k, s) in &other.stats {
+            let e = self.stats.entry(*k).or_insert_with(|| KernelStat { kernel: s.kernel, stage: s.stage, ..Default::default() });
+            e.dispatches += s.dispatches;
+            e.gpu_ns += s.gpu_ns;
+            e.bytes += s.bytes;
+            e.flops += s.flops;
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.stats.clear();
+    }
+}
+
+enum Cmd {
+    Dispatch {
+        kernel: Arc<Kernel>,
+        bind: wgpu::BindGroup,
+        groups: [u32; 3],
+        stage: &'static str,
+        cost: Cost,
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_off: u64,
+        dst: wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    },
+}
+
+pub struct Recorder<'g> {
+    gpu: &'g Gpu,
+    cmds: Vec<Cmd>,
+    arenas: Vec<(wgpu::Buffer, Vec<u8>)>,
+    stage: &'static str,
+}
+
+impl<'g> Recorder<'g> {
+    pub(super) fn new(gpu: &'g Gpu) -> Self {
+        Recorder { gpu, cmds: Vec::new(), arenas: Vec::new(), stage: "" }
+    }
+
+    /// Name the stage the following dispatches belong to (encoder, prefill, decode...).
+    pub fn stage(&mut self, stage: &'static str) {
+        self.stage = stage;
+    }
+
+    pub fn len(&self) -> usize {
+        self.cmds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cmds.is_empty()
+    }
+
+    /// Write `params` into a fresh uniform slot; returns (arena index, byte offset).
+    fn param_slot(&mut self, params: &[u8]) -> Result<(usize, u64)> {
+        if params.len() as u64 > SLOT {
+            return Err(Error::Invalid(format!("kernel parameters of {} bytes exceed a slot", params.len())));
+        }
+        let need_new = match self.arenas.last() {
+            Some((_, data)) => data.len() as u64 >= SLOT * SLOTS_PER_ARENA,
+            None => true,
+        };
+        if need_new {
+            let pooled = self.gpu.arena_pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let buf = match pooled {
+                Some(b) => b,
+                None => self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("kernel parameters"),
+                    size: SLOT * SLOTS_PER_ARENA,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+            };
+            self.arenas.push((buf, Vec::with_capacity((SLOT * SLOTS_PER_ARENA) as usize)));
+        }
+        let idx = self.arenas.len() - 1;
+        let data = &mut self.arenas[idx].1;
+        let off = data.len() as u64;
+        data.extend_from_slice(params);
+        data.resize((off + SLOT) as usize, 0);
+        Ok((idx, off))
+    }
+
+    /// Record one dispatch of `kernel` with its parameter block and storage buffers
+    /// (bindings 1.. in the order the kernel declared them).
+    pub fn dispatch(
+        &mut self,
+        kernel: &Arc<Kernel>,
+        params: &[u8],
+        buffers: &[&wgpu::Buffer],
+        groups: [u32; 3],
+        cost: Cost,
+    ) -> Result<()> {
+        if buffers.len() != kernel.bindings.len() {
+            return Err(Error::Invalid(format!(
+                "kernel {} takes {} buffers, got {}",
+                kernel.name,
+                kernel.bindings.len(),
+                buffers.len()
+            )));
+        }
+        let max = self.gpu.device.limits().max_compute_workgroups_per_dimension;
+        if groups.iter().any(|&g| g > max) {
+            return Err(Error::Invalid(format!("kernel {}: grid {groups:?} exceeds the adapter's {max}", kernel.name)));
+        }
+        if groups.contains(&0) {
+            return Ok(()); // nothing to do (an empty range)
+        }
+        let (ai, off) = self.param_slot(params)?;
+        let mut entries = Vec::with_capacity(buffers.len() + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.arenas[ai].0,
+                offset: off,
+                size: wgpu::BufferSize::new(SLOT),
+            }),
+        });
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+        }
+        let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &kernel.layout,
+            entries: &entries,
+        });
+        self.cmds.push(Cmd::Dispatch { kernel: kernel.clone(), bind, groups, stage: self.stage, cost });
+        Ok(())
+    }
+
+    /// Record a buffer-to-buffer copy (ordered with the dispatches around it).
+    pub fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, size: u64) {
+        if size > 0 {
+            self.cmds.push(Cmd::Copy { src: src.clone(), src_off, dst: dst.clone(), dst_off, size });
+        }
+    }
+
+    /// Encode and submit everything recorded. With profiling on, each dispatch gets its own
+    /// pass with timestamp writes and the times are added to `profile` (this waits for the
+    /// GPU); otherwise consecutive dispatches share one pass (wgpu still orders each
+    /// dispatch after the writes of the previous one) and `profile` gets counts and bytes.
+    pub fn submit(mut self, profile: Option<&mut Profile>) -> Result<()> {
+        let gpu = self.gpu;
+        for (buf, data) in &self.arenas {
+            gpu.queue.write_buffer(buf, 0, data);
+        }
+        let cmds = std::mem::take(&mut self.cmds);
+        let timed = gpu.profiling && profile.is_some();
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim") });
+        let mut timing: Vec<(&'static str, &'static str, Cost)> = Vec::new();
+        let mut untimed: Vec<(&'static str, &'static str, Cost)> = Vec::new();
+        let mut query: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)> = None;
+        if timed {
+            let n = cmds.iter().filter(|c| matches!(c, Cmd::Dispatch { .. })).count().min(MAX_TIMED);
+            if n > 0 {
+                let qs = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("dispatch timestamps"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: (2 * n) as u32,
+                });
+                let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("timestamps"),
+                    size: (16 * n) as u64,
+                    usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                    mapped_at_creation: false,
+                });
+                let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("timestamps readback"),
+                    size: (16 * n) as u64,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                query = Some((qs, resolve, staging));
+            }
+        }
+        let mut i = 0;
+        while i < cmds.len() {
+            match &cmds[i] {
+                Cmd::Copy { src, src_off, dst, dst_off, size } => {
+                    enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
+                    i += 1;
+                }
+                Cmd::Dispatch { .. } => {
+                    if let (Some((qs, _, _)), true) = (&query, timing.len() < MAX_TIMED) {
+                        let Cmd::Dispatch { kernel, bind, groups, stage, cost } = &cmds[i] else { unreachable!() };
+                        let q = timing.len() as u32 * 2;
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some(kernel.name),
+                            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                                query_set: qs,
+                                beginning_of_pass_write_index: Some(q),
+                                end_of_pass_write_index: Some(q + 1),
+                            }),
+                        });
+                        pass.set_pipeline(&kernel.pipeline);
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        timing.push((kernel.name, *stage, *cost));
+                        i += 1;
+                    } else {
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("dispatches"),
+                            timestamp_writes: None,
+                        });
+                        while let Some(Cmd::Dispatch { kernel, bind, groups, stage, cost }) = cmds.get(i) {
+                            pass.set_pipeline(&kernel.pipeline);
+                            pass.set_bind_group(0, bind, &[]);
+                            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                            untimed.push((kernel.name, *stage, *cost));
+                            i += 1;
+                            if query.is_some() && timing.len() < MAX_TIMED {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((qs, resolve, staging)) = &query {
+            let n = timing.len() as u32;
+            enc.resolve_query_set(qs, 0..2 * n, resolve, 0);
+            enc.copy_buffer_to_buffer(resolve, 0, staging, 0, 16 * n as u64);
+        }
+        gpu.queue.submit([enc.finish()]);
+        // The arenas' contents are in the queue now; they can serve the next recorder.
+        {
+            let mut pool = gpu.arena_pool.lock().unwrap_or_else(|p| p.into_inner());
+            for (buf, _) in self.arenas.drain(..) {
+                pool.push(buf);
+            }
+        }
+        gpu.check()?;
+        if let Some(profile) = profile {
+            for (k, s, c) in &untimed {
+                profile.add(k, s, *c, 0.0);
+            }
+            if let Some((_, _, staging)) = &query {
+                gpu.map_and_wait(staging)?;
+                let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(
+                    &staging.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading timestamps failed: {e}")))?,
+                );
+                staging.unmap();
+                let period = gpu.queue.get_timestamp_period() as f64;
+                for (j, (k, s, c)) in timing.iter().enumerate() {
+                    let (a, b) = (ticks[2 * j], ticks[2 * j + 1]);
+                    let ns = if b >= a { (b - a) as f64 * period } else { 0.0 };
+                    profile.add(k, s, *c, ns);
+                }
+                profile.timed = true;
+            }
+        }
+        Ok(())
+    }
+}

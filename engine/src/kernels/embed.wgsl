@@ -1,0 +1,30 @@
+// Decoder input: x[i][c] = embedding[token[i]][c] + position[pos0 + i][c].
+// The embedding table is the f16 [vocab][d] matrix that also projects to logits (tied),
+// packed in u32 pairs; positions are f32 [ctx][d]. One thread per pair of channels.
+
+struct Params {
+    n_tok: u32, d: u32, pos0: u32, vocab: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> tokens: array<u32>;
+@group(0) @binding(2) var<storage, read> emb: array<u32>;
+@group(0) @binding(3) var<storage, read> pos: array<f32>;
+@group(0) @binding(4) var<storage, read_write> x: array<f32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let half_d = p.d / 2u;
+    let cw = gid.x;
+    let i = gid.y;
+    if (cw >= half_d || i >= p.n_tok) {
+        return;
+    }
+    // An out-of-range id would read another row; clamp (the host validates ids anyway).
+    let t = min(tokens[i], p.vocab - 1u);
+    let e = unpack2x16float(emb[t * half_d + cw]);
+    let pb = (p.pos0 + i) * p.d + 2u * cw;
+    let xb = i * p.d + 2u * cw;
+    x[xb] = e.x + pos[pb];
+    x[xb + 1u] = e.y + pos[pb + 1u];
+}

@@ -1,0 +1,137 @@
+// Tiled GEMM with f16 weights: Y[m][n] (=|+=) act(sum_k X[m][k] * W[n][k] + b[n]).
+//
+// W is row-major [N][K] (PyTorch / CTranslate2 Linear layout) stored as f16 pairs packed in
+// u32 words and read with unpack2x16float, so no SHADER_F16 feature is needed; K is even.
+// X and Y are f32. One workgroup computes a 64x64 tile of Y from 16-deep slices of X and W
+// staged in workgroup memory (each weight word read from memory once per 64 rows of X);
+// each of the 256 threads owns a 4x4 block, rows ty+16i and columns tx+16j so that the
+// stores of a row are contiguous across threads.
+//
+// flags: 1 add bias, 2 GELU (exact, erf), 4 accumulate into Y (residual add: Y += ...),
+//        8 the input is a kernel-3 / padding-1 convolution read in place (im2col on the fly):
+//          X[m][k] = in[ci * conv_cs + t * conv_ts], ci = k / 3, t = m * conv_stride + k % 3 - 1,
+//          zero outside [0, conv_tin); the weight [Cout][Cin][3] is then exactly [N][K].
+
+struct Params {
+    m: u32, n: u32, k: u32, flags: u32,
+    x_off: u32, x_stride: u32, y_off: u32, y_stride: u32,
+    conv_cs: u32, conv_ts: u32, conv_stride: u32, conv_tin: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+const BM: u32 = 64u;
+const BN: u32 = 64u;
+const BK: u32 = 16u;
+
+var<workgroup> xs: array<f32, 1024>; // [BK][BM]
+var<workgroup> ws: array<f32, 1024>; // [BK][BN]
+
+// erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), enough for f32 GELU.
+fn erf_approx(v: f32) -> f32 {
+    let s = sign(v);
+    let a = abs(v);
+    let t = 1.0 / (1.0 + 0.3275911 * a);
+    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    return s * (1.0 - poly * exp(-a * a));
+}
+
+fn gelu(v: f32) -> f32 {
+    return 0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752));
+}
+
+fn load_x(row: u32, col: u32) -> f32 {
+    if (row >= p.m || col >= p.k) {
+        return 0.0;
+    }
+    if ((p.flags & 8u) != 0u) {
+        let ci = col / 3u;
+        let t = i32(row * p.conv_stride + col % 3u) - 1;
+        if (t < 0 || u32(t) >= p.conv_tin) {
+            return 0.0;
+        }
+        return x[p.x_off + ci * p.conv_cs + u32(t) * p.conv_ts];
+    }
+    return x[p.x_off + row * p.x_stride + col];
+}
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let row0 = wg.y * BM;
+    let col0 = wg.x * BN;
+    var acc: array<array<f32, 4>, 4>;
+    for (var i = 0u; i < 4u; i++) {
+        for (var j = 0u; j < 4u; j++) {
+            acc[i][j] = 0.0;
+        }
+    }
+    let kw = p.k / 2u;
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // X tile: 64 rows x 16 columns, 4 elements per thread.
+        for (var i = 0u; i < 4u; i++) {
+            let e = lid + i * 256u;
+            let r = e / BK;
+            let c = e % BK;
+            xs[c * BM + r] = load_x(row0 + r, k0 + c);
+        }
+        // W tile: 64 rows x 8 words (16 halves), 2 words per thread.
+        for (var i = 0u; i < 2u; i++) {
+            let e = lid + i * 256u;
+            let r = e / 8u;
+            let cw = e % 8u;
+            let n = col0 + r;
+            let kk = k0 + cw * 2u;
+            var pair = vec2<f32>(0.0, 0.0);
+            if (n < p.n && kk < p.k) {
+                pair = unpack2x16float(w[n * kw + kk / 2u]);
+            }
+            ws[(cw * 2u) * BN + r] = pair.x;
+            ws[(cw * 2u + 1u) * BN + r] = pair.y;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            var a: array<f32, 4>;
+            var b: array<f32, 4>;
+            for (var i = 0u; i < 4u; i++) {
+                a[i] = xs[kk * BM + li.y + 16u * i];
+                b[i] = ws[kk * BN + li.x + 16u * i];
+            }
+            for (var i = 0u; i < 4u; i++) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i][j] = fma(a[i], b[j], acc[i][j]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let row = row0 + li.y + 16u * i;
+        if (row >= p.m) {
+            continue;
+        }
+        for (var j = 0u; j < 4u; j++) {
+            let col = col0 + li.x + 16u * j;
+            if (col >= p.n) {
+                continue;
+            }
+            var v = acc[i][j];
+            if ((p.flags & 1u) != 0u) {
+                v += bias[col];
+            }
+            if ((p.flags & 2u) != 0u) {
+                v = gelu(v);
+            }
+            let o = p.y_off + row * p.y_stride + col;
+            if ((p.flags & 4u) != 0u) {
+                v += y[o];
+            }
+            y[o] = v;
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! WGSL kernels, one family per `.wgsl` file, and the thin Rust launchers that fill their
+//! parameter blocks, pick grids and book each dispatch's bytes and FLOPs with the recorder.
+//! Each launcher's CPU reference is in `crate::reference`; the tests in `tests.rs` hold them
+//! to it on random inputs of awkward sizes with the output poisoned first.
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+use wgpu::Buffer;
+
+use crate::gpu::{Access, Cost, Gpu, Kernel, Recorder};
+use crate::{Error, Result};
+
+/// Largest number of activation rows the GEMV kernel takes; more go to the tiled GEMM.
+pub const GEMV_MAX_ROWS: u32 = 8;
+
+const GEMM_FLAG_BIAS: u32 = 1;
+const GEMM_FLAG_GELU: u32 = 2;
+const GEMM_FLAG_ACCUMULATE: u32 = 4;
+const GEMM_FLAG_CONV: u32 = 8;
+
+/// Split a 1-D count of workgroups into an (x, y) grid the kernels fold back with
+/// `x + y * 32768` (the per-dimension limit is 65535).
+fn grid_1d(groups: u32) -> [u32; 2] {
+    if groups <= 32768 {
+        [groups, 1]
+    } else {
+        [32768, groups.div_ceil(32768)]
+    }
+}
+
+/// A weight matrix on the GPU: f16 [n][k] row-major, packed two halves per u32.
+pub struct F16Matrix {
+    pub buf: Buffer,
+    pub n: u32,
+    pub k: u32,
+}
+
+impl F16Matrix {
+    pub fn from_bits(gpu: &Gpu, label: &str, bits: &[u16], n: usize, k: usize) -> Result<Self> {
+        if k % 2 != 0 {
+            return Err(Error::Invalid(format!("{label}: inner dimension {k} must be even for packed f16")));
+        }
+        if bits.len() != n * k {
+            return Err(Error::Invalid(format!("{label}: {} values for a [{n}, {k}] matrix", bits.len())));
+        }
+        Ok(F16Matrix { buf: gpu.upload(label, bytemuck::cast_slice(bits))?, n: n as u32, k: k as u32 })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.n as u64 * self.k as u64 * 2
+    }
+}
+
+/// What to do after the matrix product.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Epilogue {
+    pub gelu: bool,
+    /// Add into the output instead of overwriting it (the residual add).
+    pub accumulate: bool,
+}
+
+/// A view of rows of an f32 activation buffer: element (r, c) is at `off + r * stride + c`.
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    pub buf: &'a Buffer,
+    pub off: u32,
+    pub stride: u32,
+}
+
+impl<'a> Rows<'a> {
+    pub fn new(buf: &'a Buffer, stride: usize) -> Self {
+        Rows { buf, off: 0, stride: stride as u32 }
+    }
+    pub fn at(buf: &'a Buffer, off: usize, stride: usize) -> Self {
+        Rows { buf, off: off as u32, stride: stride as u32 }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GemmParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+    x_off: u32,
+    x_stride: u32,
+    y_off: u32,
+    y_stride: u32,
+    conv_cs: u32,
+    conv_ts: u32,
+    conv_stride: u32,
+    conv_tin: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct LayerNormParams {
+    rows: u32,
+    cols: u32,
+    x_off: u32,
+    y_off: u32,
+    eps: f32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AttentionParams {
+    tq: u32,
+    tk: u32,
+    heads: u32,
+    d: u32,
+    q_off: u32,
+    q_stride: u32,
+    k_off: u32,
+    k_stride: u32,
+    v_off: u32,
+    v_stride: u32,
+    o_off: u32,
+    o_stride: u32,
+    causal: u32,
+    causal_offset: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct EmbedParams {
+    n_tok: u32,
+    d: u32,
+    pos0: u32,
+    vocab: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CopyRowsParams {
+    rows: u32,
+    width: u32,
+    src_off: u32,
+    src_stride: u32,
+    dst_off: u32,
+    dst_stride: u32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct SelectParams {
+    pub vocab: u32,
+    pub ts_begin: u32,
+    pub eot: u32,
+    pub flags: u32,
+    pub ts_lo: u32,
+    pub ts_hi: u32,
+    pub extra0: u32,
+    pub extra1: u32,
+    pub probe: u32,
+    pub logit_off: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Multi-head attention geometry and where Q, K, V and the output live.
+#[derive(Clone, Copy)]
+pub struct AttentionArgs<'a> {
+    pub q: Rows<'a>,
+    pub k: Rows<'a>,
+    pub v: Rows<'a>,
+    pub out: Rows<'a>,
+    pub tq: u32,
+    pub tk: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    /// Some(offset): query i sees keys j <= i + offset.
+    pub causal: Option<u32>,
+}
+
+/// The compiled kernels of the Whisper path, plus a small zero buffer bound where a kernel
+/// has an optional input that is absent (no bias).
+pub struct Kernels {
+    gemm: Arc<Kernel>,
+    gemv: Arc<Kernel>,
+    layernorm: Arc<Kernel>,
+    attention: Arc<Kernel>,
+    embed: Arc<Kernel>,
+    copy_rows: Arc<Kernel>,
+    select: Arc<Kernel>,
+    zero: Buffer,
+}
+
+impl Kernels {
+    pub fn load(gpu: &Gpu) -> Result<Kernels> {
+        use Access::{Read as R, ReadWrite as W};
+        Ok(Kernels {
+            gemm: gpu.kernel("gemm_f16", include_str!("gemm.wgsl"), &[R, R, R, W])?,
+            gemv: gpu.kernel("gemv_f16", include_str!("gemv.wgsl"), &[R, R, R, W])?,
+            layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
+            attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
+            embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
+            copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
+            select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
+            zero: gpu.buffer("zero", 16)?,
+        })
+    }
+
+    /// y[r] (=|+=) act(x[r] · Wᵀ + b) for `m` rows: the GEMV kernel for a few rows (decode),
+    /// the tiled GEMM otherwise.
+    pub fn linear(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        w: &F16Matrix,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
+            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
+        let params = GemmParams {
+            m,
+            n: w.n,
+            k: w.k,
+            flags,
+            x_off: x.off,
+            x_stride: x.stride,
+            y_off: y.off,
+            y_stride: y.stride,
+            conv_cs: 0,
+            conv_ts: 0,
+            conv_stride: 0,
+            conv_tin: 0,
+        };
+        let (m64, n64, k64) = (m as u64, w.n as u64, w.k as u64);
+        let cost = Cost {
+            bytes: w.bytes() + m64 * k64 * 4 + m64 * n64 * 4 * if ep.accumulate { 2 } else { 1 },
+            flops: 2 * m64 * n64 * k64,
+        };
+        let b = bias.unwrap_or(&self.zero);
+        if m <= GEMV_MAX_ROWS {
+            let g = grid_1d(w.n.div_ceil(4));
+            rec.dispatch(&self.gemv, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], [g[0], g[1], 1], cost)
+        } else {
+            let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
+            rec.dispatch(&self.gemm, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
+        }
+    }
+
+    /// Kernel-3, padding-1 convolution as a GEMM over an in-place im2col view:
+    /// out[t][co] (=|+=) act(b[co] + Σ_ci Σ_tap W[co][ci][tap] · in(ci, t·stride + tap − 1)),
+    /// where in(ci, t) = input[ci·ch_stride + t·time_stride]. `w` is [cout][cin·3].
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_k3(
+        &self,
+        rec: &mut Recorder,
+        input: &Buffer,
+        t_in: u32,
+        ch_stride: u32,
+        time_stride: u32,
+        stride: u32,
+        w: &F16Matrix,
+        bias: &Buffer,
+        out: &Buffer,
+        ep: Epilogue,
+    ) -> Result<u32> {
+        let t_out = (t_in + 2 - 3) / stride + 1;
+        let params = GemmParams {
+            m: t_out,
+            n: w.n,
+            k: w.k,
+            flags: GEMM_FLAG_BIAS
+                | GEMM_FLAG_CONV
+                | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
+                | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 },
+            x_off: 0,
+            x_stride: 0,
+            y_off: 0,
+            y_stride: w.n,
+            conv_cs: ch_stride,
+            conv_ts: time_stride,
+            conv_stride: stride,
+            conv_tin: t_in,
+        };
+        let (m64, n64, k64) = (t_out as u64, w.n as u64, w.k as u64);
+        let cost = Cost { bytes: w.bytes() + (k64 / 3) * t_in as u64 * 4 + m64 * n64 * 4, flops: 2 * m64 * n64 * k64 };
+        rec.dispatch(
+            &self.gemm,
+            bytemuck::bytes_of(&params),
+            &[input, &w.buf, bias, out],
+            [w.n.div_ceil(64), t_out.div_ceil(64), 1],
+            cost,
+        )?;
+        Ok(t_out)
+    }
+
+    /// LayerNorm of `rows` rows of width `cols` (contiguous), eps as given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm(
+        &self,
+        rec: &mut Recorder,
+        x: &Buffer,
+        x_off: u32,
+        rows: u32,
+        cols: u32,
+        gamma: &Buffer,
+        beta: &Buffer,
+        y: &Buffer,
+        y_off: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let params = LayerNormParams { rows, cols, x_off, y_off, eps, _pad: [0; 3] };
+        let g = grid_1d(rows);
+        let cost = Cost { bytes: rows as u64 * cols as u64 * 8 + cols as u64 * 8, flops: rows as u64 * cols as u64 * 8 };
+        rec.dispatch(&self.layernorm, bytemuck::bytes_of(&params), &[x, gamma, beta, y], [g[0], g[1], 1], cost)
+    }
+
+    pub fn attention(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        if a.head_dim > 128 {
+            return Err(Error::Unsupported(format!("attention head size {} (at most 128)", a.head_dim)));
+        }
+        let params = AttentionParams {
+            tq: a.tq,
+            tk: a.tk,
+            heads: a.heads,
+            d: a.head_dim,
+            q_off: a.q.off,
+            q_stride: a.q.stride,
+            k_off: a.k.off,
+            k_stride: a.k.stride,
+            v_off: a.v.off,
+            v_stride: a.v.stride,
+            o_off: a.out.off,
+            o_stride: a.out.stride,
+            causal: a.causal.is_some() as u32,
+            causal_offset: a.causal.unwrap_or(0),
+            scale: 1.0 / (a.head_dim as f32).sqrt(),
+            _pad: 0,
+        };
+        let hd = a.heads as u64 * a.head_dim as u64;
+        let cost = Cost {
+            // Each (query, head) streams its keys and values once.
+            bytes: a.tq as u64 * (a.tk as u64 * 2 + 2) * hd * 4,
+            flops: 4 * a.tq as u64 * a.tk as u64 * hd,
+        };
+        let (x, z) = if a.tq <= 32768 { (a.tq, 1) } else { (32768, a.tq.div_ceil(32768)) };
+        rec.dispatch(&self.attention, bytemuck::bytes_of(&params), &[a.q.buf, a.k.buf, a.v.buf, a.out.buf], [x, a.heads, z], cost)
+    }
+
+    /// x[i] = emb[tokens[i]] + pos[pos0 + i] for i < n_tok (d channels).
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed(
+        &self,
+        rec: &mut Recorder,
+        tokens: &Buffer,
+        n_tok: u32,
+        emb: &F16Matrix,
+        pos: &Buffer,
+        pos0: u32,
+        x: &Buffer,
+    ) -> Result<()> {
+        let d = emb.k;
+        let params = EmbedParams { n_tok, d, pos0, vocab: emb.n };
+        let cost = Cost { bytes: n_tok as u64 * d as u64 * (2 + 4 + 4), flops: n_tok as u64 * d as u64 };
+        rec.dispatch(&self.embed, bytemuck::bytes_of(&params), &[tokens, &emb.buf, pos, x], [(d / 2).div_ceil(64), n_tok, 1], cost)
+    }
+
+    /// dst rows (dst_off + i·dst_stride) ← src rows (src_off + i·src_stride), `width` floats each.
+    pub fn copy_rows(&self, rec: &mut Recorder, src: Rows, dst: Rows, rows: u32, width: u32) -> Result<()> {
+        let params = CopyRowsParams {
+            rows,
+            width,
+            src_off: src.off,
+            src_stride: src.stride,
+            dst_off: dst.off,
+            dst_stride: dst.stride,
+            _pad: [0; 2],
+        };
+        let cost = Cost { bytes: rows as u64 * width as u64 * 8, flops: 0 };
+        rec.dispatch(&self.copy_rows, bytemuck::bytes_of(&params), &[src.buf, dst.buf], [width.div_ceil(64), rows, 1], cost)
+    }
+
+    /// The masked reductions of one row of logits (see select.wgsl); 8 words into `out`.
+    pub(crate) fn select(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &SelectParams, out: &Buffer) -> Result<()> {
+        let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
+        rec.dispatch(&self.select, bytemuck::bytes_of(params), &[logits, suppress, out], [1, 1, 1], cost)
+    }
+}
+
+/// The suppress bitmask the select kernel reads: bit id of word id/32.
+pub fn suppress_bitmask(ids: &[u32], vocab: u32) -> Vec<u32> {
+    let mut words = vec![0u32; (vocab as usize).div_ceil(32).max(1)];
+    for &id in ids {
+        if id < vocab {
+            words[id as usize / 32] |= 1 << (id % 32);
+        }
+    }
+    words
+}
+
+/// Pack the host side of the select kernel's parameters.
+pub(crate) fn select_params(
+    rules: &crate::decode::StepRules,
+    vocab: u32,
+    ts_begin: u32,
+    eot: u32,
+    logit_off: u32,
+) -> SelectParams {
+    SelectParams {
+        vocab,
+        ts_begin,
+        eot,
+        flags: rules.mask_text as u32 | (rules.mask_non_timestamps as u32) << 1,
+        ts_lo: rules.ts_lo.max(ts_begin),
+        ts_hi: rules.ts_hi.min(vocab),
+        extra0: rules.extra_suppress[0],
+        extra1: rules.extra_suppress[1],
+        probe: rules.probe,
+        logit_off,
+        _pad: [0; 2],
+    }
+}
+
+/// Decode the select kernel's 8 output words.
+pub fn scores_from_words(w: &[u32]) -> crate::decode::StepScores {
+    crate::decode::StepScores {
+        text_best: w[0],
+        text_max: f32::from_bits(w[1]),
+        text_lse: f32::from_bits(w[2]),
+        ts_best: w[3],
+        ts_max: f32::from_bits(w[4]),
+        ts_lse: f32::from_bits(w[5]),
+        raw_lse: f32::from_bits(w[6]),
+        probe_logit: f32::from_bits(w[7]),
+    }
+}

@@ -1,0 +1,135 @@
+// Masked selection over one row of logits: the reductions Whisper's decoding rules need,
+// so the vocabulary (51864 floats) never leaves the GPU; 32 bytes come back per step.
+//
+// Over text ids [0, ts_begin) and over allowed timestamps [ts_lo, ts_hi), each after the
+// masks (a suppress bitmask, two extra ids, "mask text [0, eot)", "mask all non-timestamp
+// ids"): the argmax (ties -> lowest id), the max and the log-sum-exp. Also the log-sum-exp
+// of all raw logits and the raw logit of one probe id (no_speech probability).
+// One workgroup of 256 threads; each thread keeps online (max, argmax, sum of exp) triples,
+// then a tree reduction merges them.
+//
+// out: [text_best, text_max, text_lse, ts_best, ts_max, ts_lse, raw_lse, probe_logit]
+// (floats as bits); an empty set gives best = 0xffffffff and max = lse = -inf.
+
+struct Params {
+    vocab: u32, ts_begin: u32, eot: u32, flags: u32,
+    ts_lo: u32, ts_hi: u32, extra0: u32, extra1: u32,
+    probe: u32, logit_off: u32, _p0: u32, _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> suppress: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<u32>;
+
+const WG: u32 = 256u;
+const NEG: f32 = -3.0e38;
+const NONE: u32 = 0xffffffffu;
+
+struct Acc { m: f32, s: f32, a: u32 }
+
+var<workgroup> rm: array<f32, 768>;
+var<workgroup> rs: array<f32, 768>;
+var<workgroup> ra: array<u32, 768>;
+var<workgroup> raw_m: array<f32, WG>;
+var<workgroup> raw_s: array<f32, WG>;
+
+fn push(acc: Acc, v: f32, id: u32) -> Acc {
+    var r = acc;
+    if (v > r.m) {
+        r.s = r.s * exp(r.m - v) + 1.0;
+        r.m = v;
+        r.a = id;
+    } else {
+        r.s += exp(v - r.m);
+    }
+    return r;
+}
+
+fn merge(x: Acc, y: Acc) -> Acc {
+    if (y.s == 0.0) {
+        return x;
+    }
+    if (x.s == 0.0) {
+        return y;
+    }
+    var r: Acc;
+    r.m = max(x.m, y.m);
+    r.s = x.s * exp(x.m - r.m) + y.s * exp(y.m - r.m);
+    if (x.m > y.m) {
+        r.a = x.a;
+    } else if (y.m > x.m) {
+        r.a = y.a;
+    } else {
+        r.a = min(x.a, y.a);
+    }
+    return r;
+}
+
+fn suppressed(id: u32) -> bool {
+    if (id == p.extra0 || id == p.extra1) {
+        return true;
+    }
+    return ((suppress[id / 32u] >> (id % 32u)) & 1u) != 0u;
+}
+
+fn neg_inf_bits() -> u32 {
+    return 0xff800000u;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    var text = Acc(NEG, 0.0, NONE);
+    var ts = Acc(NEG, 0.0, NONE);
+    var raw = Acc(NEG, 0.0, NONE);
+    for (var id = lid; id < p.vocab; id += WG) {
+        let v = logits[p.logit_off + id];
+        raw = push(raw, v, id);
+        if (suppressed(id)) {
+            continue;
+        }
+        if (id < p.ts_begin) {
+            let masked = ((p.flags & 2u) != 0u) || (((p.flags & 1u) != 0u) && id < p.eot);
+            if (!masked) {
+                text = push(text, v, id);
+            }
+        } else if (id >= p.ts_lo && id < p.ts_hi) {
+            ts = push(ts, v, id);
+        }
+    }
+    rm[lid] = text.m; rs[lid] = text.s; ra[lid] = text.a;
+    rm[WG + lid] = ts.m; rs[WG + lid] = ts.s; ra[WG + lid] = ts.a;
+    rm[2u * WG + lid] = raw.m; rs[2u * WG + lid] = raw.s; ra[2u * WG + lid] = raw.a;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (lid < st) {
+            for (var g = 0u; g < 3u; g++) {
+                let i = g * WG + lid;
+                let j = i + st;
+                let r = merge(Acc(rm[i], rs[i], ra[i]), Acc(rm[j], rs[j], ra[j]));
+                rm[i] = r.m; rs[i] = r.s; ra[i] = r.a;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        for (var g = 0u; g < 2u; g++) {
+            let i = g * WG;
+            if (rs[i] == 0.0) {
+                out[3u * g] = NONE;
+                out[3u * g + 1u] = neg_inf_bits();
+                out[3u * g + 2u] = neg_inf_bits();
+            } else {
+                out[3u * g] = ra[i];
+                out[3u * g + 1u] = bitcast<u32>(rm[i]);
+                out[3u * g + 2u] = bitcast<u32>(rm[i] + log(rs[i]));
+            }
+        }
+        out[6] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
+        if (p.probe < p.vocab) {
+            out[7] = bitcast<u32>(logits[p.logit_off + p.probe]);
+        } else {
+            out[7] = neg_inf_bits();
+        }
+    }
+}

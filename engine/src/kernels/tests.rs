@@ -1,0 +1,342 @@
+//! Every kernel against its CPU reference (`crate::reference`) on fresh random, non-zero
+//! inputs of awkward sizes, the output poisoned with NaN first so an unwritten element
+//! fails the comparison. The seed is printed so a failure can be replayed
+//! (`VERBATIM_TEST_SEED=...`).
+
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::decode::StepRules;
+use crate::reference::{ops, select as ref_select};
+use crate::testgpu::gpu;
+
+const NAN_BITS: u32 = 0x7fc0_0000;
+
+fn rng(test: &str) -> StdRng {
+    let seed = std::env::var("VERBATIM_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random::<u64>());
+    eprintln!("{test}: seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+/// Uniform in ±scale, never exactly zero.
+fn rand_vec(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let v: f32 = r.random_range(-scale..scale);
+            if v == 0.0 { scale * 0.5 } else { v }
+        })
+        .collect()
+}
+
+fn f16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| f16::from_f32(x).to_bits()).collect()
+}
+
+fn f16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| ops::f16_round(x)).collect()
+}
+
+/// ‖a − b‖ / ‖b‖, and no NaN anywhere in `a`.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|v| v.is_finite()), "GPU output has NaN/inf (an element left unwritten?)");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((*x - *y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn poisoned(n: usize) -> wgpu::Buffer {
+    let g = gpu();
+    let b = g.buffer("out", (n * 4) as u64).unwrap();
+    g.fill_u32(&b, NAN_BITS);
+    b
+}
+
+fn run_linear(r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bool, accumulate: bool) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let x = rand_vec(r, m * k, 1.0);
+    let w = f16_round(&rand_vec(r, n * k, 0.5));
+    let b = rand_vec(r, n, 0.5);
+    let y0 = rand_vec(r, m * n, 1.0);
+    let xb = g.upload_f32("x", &x).unwrap();
+    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let yb = poisoned(m * n);
+    if accumulate {
+        g.write(&yb, 0, bytemuck::cast_slice(&y0));
+    }
+    let mut rec = g.recorder();
+    kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &wm, bias.then_some(&bb), Rows::new(&yb, n), Epilogue { gelu, accumulate })
+        .unwrap();
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&yb, 0, m * n).unwrap();
+    let mut want = ops::linear(&x, m, k, &w, n, bias.then_some(&b[..]));
+    for (i, v) in want.iter_mut().enumerate() {
+        if gelu {
+            *v = ops::gelu(*v);
+        }
+        if accumulate {
+            *v += y0[i];
+        }
+    }
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "linear m={m} n={n} k={k} bias={bias} gelu={gelu} acc={accumulate}: rel err {e}");
+}
+
+#[test]
+fn linear_gemv_matches_reference() {
+    let mut r = rng("linear_gemv");
+    for &(m, n, k) in &[(1, 5, 2), (1, 131, 46), (3, 70, 18), (8, 67, 130), (2, 257, 384)] {
+        run_linear(&mut r, m, n, k, true, false, false);
+    }
+    run_linear(&mut r, 1, 77, 62, true, true, false);
+    run_linear(&mut r, 5, 33, 40, false, false, true);
+}
+
+#[test]
+fn linear_gemm_matches_reference() {
+    let mut r = rng("linear_gemm");
+    for &(m, n, k) in &[(9, 5, 2), (67, 70, 46), (130, 129, 18), (65, 64, 96)] {
+        run_linear(&mut r, m, n, k, true, false, false);
+    }
+    run_linear(&mut r, 71, 37, 50, true, true, false);
+    run_linear(&mut r, 33, 66, 34, true, false, true);
+    run_linear(&mut r, 17, 19, 24, false, true, true);
+}
+
+fn run_conv(r: &mut StdRng, cin: usize, t_in: usize, cout: usize, stride: usize, time_major: bool) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let input = rand_vec(r, cin * t_in, 1.0); // channel-major [cin][t]
+    let w = f16_round(&rand_vec(r, cout * cin * 3, 0.5));
+    let b = rand_vec(r, cout, 0.5);
+    let t_out = (t_in - 1) / stride + 1;
+    let (upload, cs, ts) = if time_major {
+        let mut tm = vec![0.0f32; cin * t_in];
+        for c in 0..cin {
+            for t in 0..t_in {
+                tm[t * cin + c] = input[c * t_in + t];
+            }
+        }
+        (tm, 1, cin)
+    } else {
+        (input.clone(), t_in, 1)
+    };
+    let ib = g.upload_f32("in", &upload).unwrap();
+    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), cout, cin * 3).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let ob = poisoned(t_out * cout);
+    let mut rec = g.recorder();
+    let got_t = kern
+        .conv_k3(&mut rec, &ib, t_in as u32, cs as u32, ts as u32, stride as u32, &wm, &bb, &ob, Epilogue { gelu: true, accumulate: false })
+        .unwrap();
+    rec.submit(None).unwrap();
+    assert_eq!(got_t as usize, t_out);
+    let got = g.read_f32(&ob, 0, t_out * cout).unwrap();
+    let want = ops::conv1d_k3(&input, cin, t_in, &w, &b, cout, stride, true);
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "conv cin={cin} t={t_in} cout={cout} stride={stride} time_major={time_major}: rel err {e}");
+}
+
+#[test]
+fn conv_k3_matches_reference() {
+    let mut r = rng("conv_k3");
+    // cin·3 must be even (packed f16 rows); every other size is odd or unaligned.
+    run_conv(&mut r, 6, 23, 7, 1, false);
+    run_conv(&mut r, 14, 70, 66, 2, true);
+    run_conv(&mut r, 2, 2, 9, 2, false);
+    run_conv(&mut r, 10, 129, 17, 1, true);
+    run_conv(&mut r, 26, 3000 / 40, 33, 2, false);
+}
+
+#[test]
+fn layer_norm_matches_reference() {
+    let mut r = rng("layer_norm");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    for &(rows, cols) in &[(1, 7), (7, 83), (5, 384), (3, 1000)] {
+        // A large common offset: the two-pass variance must not lose it.
+        let x: Vec<f32> = rand_vec(&mut r, rows * cols, 2.0).iter().map(|v| v + 30.0).collect();
+        let gm = rand_vec(&mut r, cols, 1.5);
+        let bt = rand_vec(&mut r, cols, 0.5);
+        let (xb, gb, bb) = (g.upload_f32("x", &x).unwrap(), g.upload_f32("g", &gm).unwrap(), g.upload_f32("b", &bt).unwrap());
+        let yb = poisoned(rows * cols);
+        let mut rec = g.recorder();
+        kern.layer_norm(&mut rec, &xb, 0, rows as u32, cols as u32, &gb, &bb, &yb, 0, 1e-5).unwrap();
+        rec.submit(None).unwrap();
+        let got = g.read_f32(&yb, 0, rows * cols).unwrap();
+        let want = ops::layer_norm(&x, rows, cols, &gm, &bt, 1e-5);
+        let e = rel_err(&got, &want);
+        assert!(e < 1e-5, "layer_norm {rows}x{cols}: rel err {e}");
+    }
+}
+
+/// Q, K, V packed in one fused buffer [t][3·h·d] as the QKV projection writes them.
+fn run_attention(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, causal: Option<usize>) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let hd = heads * d;
+    let q = rand_vec(r, tq * hd, 1.0);
+    let k = rand_vec(r, tk * hd, 1.0);
+    let v = rand_vec(r, tk * hd, 1.0);
+    // q in a fused [tq][3hd] buffer at column 0; k|v in a fused [tk][2hd] buffer.
+    let mut qf = rand_vec(r, tq * 3 * hd, 1.0);
+    for i in 0..tq {
+        qf[i * 3 * hd..i * 3 * hd + hd].copy_from_slice(&q[i * hd..(i + 1) * hd]);
+    }
+    let mut kv = vec![0.0f32; tk * 2 * hd];
+    for j in 0..tk {
+        kv[j * 2 * hd..j * 2 * hd + hd].copy_from_slice(&k[j * hd..(j + 1) * hd]);
+        kv[j * 2 * hd + hd..(j + 1) * 2 * hd].copy_from_slice(&v[j * hd..(j + 1) * hd]);
+    }
+    let qb = g.upload_f32("q", &qf).unwrap();
+    let kvb = g.upload_f32("kv", &kv).unwrap();
+    let ob = poisoned(tq * hd);
+    let mut rec = g.recorder();
+    kern.attention(
+        &mut rec,
+        &AttentionArgs {
+            q: Rows::at(&qb, 0, 3 * hd),
+            k: Rows::at(&kvb, 0, 2 * hd),
+            v: Rows::at(&kvb, hd, 2 * hd),
+            out: Rows::new(&ob, hd),
+            tq: tq as u32,
+            tk: tk as u32,
+            heads: heads as u32,
+            head_dim: d as u32,
+            causal: causal.map(|c| c as u32),
+        },
+    )
+    .unwrap();
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&ob, 0, tq * hd).unwrap();
+    let want = ops::attention(&q, &k, &v, tq, tk, heads, d, causal);
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "attention tq={tq} tk={tk} h={heads} d={d} causal={causal:?}: rel err {e}");
+}
+
+#[test]
+fn attention_matches_reference() {
+    let mut r = rng("attention");
+    run_attention(&mut r, 5, 37, 3, 20, None);
+    run_attention(&mut r, 1, 150, 2, 64, None);
+    run_attention(&mut r, 9, 9, 2, 100, Some(0));
+    run_attention(&mut r, 3, 70, 4, 16, Some(67));
+    run_attention(&mut r, 130, 131, 1, 8, Some(1));
+}
+
+#[test]
+fn embed_matches_reference() {
+    let mut r = rng("embed");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (vocab, d, ctx, n_tok, pos0) = (97, 46, 13, 5, 4);
+    let emb = f16_round(&rand_vec(&mut r, vocab * d, 1.0));
+    let pos = rand_vec(&mut r, ctx * d, 1.0);
+    let tokens: Vec<u32> = (0..n_tok).map(|_| r.random_range(0..vocab as u32)).collect();
+    let em = F16Matrix::from_bits(g, "emb", &f16_bits(&emb), vocab, d).unwrap();
+    let (tb, pb) = (g.upload_u32("tok", &tokens).unwrap(), g.upload_f32("pos", &pos).unwrap());
+    let xb = poisoned(n_tok * d);
+    let mut rec = g.recorder();
+    kern.embed(&mut rec, &tb, n_tok as u32, &em, &pb, pos0 as u32, &xb).unwrap();
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&xb, 0, n_tok * d).unwrap();
+    let want: Vec<f32> = (0..n_tok)
+        .flat_map(|i| (0..d).map(move |c| (i, c)))
+        .map(|(i, c)| emb[tokens[i] as usize * d + c] + pos[(pos0 + i) * d + c])
+        .collect();
+    assert!(rel_err(&got, &want) < 1e-7);
+}
+
+#[test]
+fn copy_rows_matches_reference() {
+    let mut r = rng("copy_rows");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (rows, width, ss, so, ds, dof) = (7, 45, 140, 50, 60, 3 * 60 + 5);
+    let src = rand_vec(&mut r, rows * ss, 1.0);
+    let sb = g.upload_f32("src", &src).unwrap();
+    let dst_len = dof + rows * ds;
+    let db = poisoned(dst_len);
+    let mut rec = g.recorder();
+    kern.copy_rows(&mut rec, Rows::at(&sb, so, ss), Rows::at(&db, dof, ds), rows as u32, width as u32).unwrap();
+    rec.submit(None).unwrap();
+    let got = g.read_u32(&db, 0, dst_len).unwrap();
+    for i in 0..rows {
+        for c in 0..ds {
+            let idx = dof + i * ds + c;
+            if c < width {
+                assert_eq!(f32::from_bits(got[idx]), src[so + i * ss + c], "row {i} col {c}");
+            } else {
+                assert_eq!(got[idx], NAN_BITS, "wrote outside the rows at row {i} col {c}");
+            }
+        }
+    }
+    assert!(got[..dof].iter().all(|&w| w == NAN_BITS), "wrote before the destination offset");
+}
+
+#[test]
+fn select_matches_reference() {
+    let mut r = rng("select");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
+    for trial in 0..12 {
+        let mut logits = rand_vec(&mut r, vocab as usize, 8.0);
+        if trial == 3 {
+            // Ties: the lowest id must win.
+            let top = 20.0;
+            logits[17] = top;
+            logits[400] = top;
+            logits[800] = top;
+            logits[900] = top;
+        }
+        let suppress: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
+        let lo = ts_begin + r.random_range(0..200);
+        let rules = StepRules {
+            mask_text: trial % 3 == 1,
+            mask_non_timestamps: trial % 4 == 2,
+            ts_lo: lo,
+            ts_hi: if trial == 5 { lo } else { lo + r.random_range(1..400) },
+            extra_suppress: [r.random_range(0..vocab), if trial % 2 == 0 { u32::MAX } else { eot }],
+            probe: r.random_range(0..vocab),
+        };
+        let lb = g.upload_f32("logits", &logits).unwrap();
+        let sb = g.upload_u32("suppress", &suppress_bitmask(&suppress, vocab)).unwrap();
+        let ob = poisoned(8);
+        let mut rec = g.recorder();
+        kern.select(&mut rec, &lb, &sb, &select_params(&rules, vocab, ts_begin, eot, 0), &ob).unwrap();
+        rec.submit(None).unwrap();
+        let got = scores_from_words(&g.read_u32(&ob, 0, 8).unwrap());
+        let want = ref_select::masked_scores(&logits, &suppress, &rules, ts_begin, eot);
+        assert_eq!(got.text_best, want.text_best, "trial {trial}: text argmax");
+        assert_eq!(got.ts_best, want.ts_best, "trial {trial}: timestamp argmax");
+        for (name, a, b) in [
+            ("text_max", got.text_max, want.text_max),
+            ("text_lse", got.text_lse, want.text_lse),
+            ("ts_max", got.ts_max, want.ts_max),
+            ("ts_lse", got.ts_lse, want.ts_lse),
+            ("raw_lse", got.raw_lse, want.raw_lse),
+            ("probe", got.probe_logit, want.probe_logit),
+        ] {
+            let ok = (a == b) || (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+            assert!(ok, "trial {trial}: {name} gpu {a} ref {b}");
+        }
+    }
+}
+
+#[test]
+fn wrong_buffer_count_is_an_error_not_a_panic() {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let b = g.buffer("b", 64).unwrap();
+    let mut rec = g.recorder();
+    let err = rec.dispatch(&kern.copy_rows, &[0u8; 32], &[&b], [1, 1, 1], Cost::default());
+    assert!(err.is_err());
+}

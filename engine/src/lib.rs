@@ -1,0 +1,16 @@
+//! Verbatim's inference engine: speech in, text out, every FLOP in our own WGSL kernels
+//! driven through wgpu. See DESIGN.md at the top of the repository for the layout.
+
+pub mod audio;
+pub mod decode;
+pub mod error;
+pub mod gpu;
+pub mod kernels;
+pub mod models;
+pub mod pipeline;
+pub mod reference;
+
+pub use error::{Error, Result};
+
+#[cfg(test)]
+pub(crate) mod testgpu;

@@ -1,0 +1,3 @@
+//! Models: plain structs of weights with a method per stage.
+
+pub mod whisper;

@@ -1,0 +1,450 @@
+//! Whisper on the GPU: the weights as buffers, the encoder and decoder as sequences of
+//! named dispatches through the recorder, and [`LogitSource`] for the decoding loop.
+//!
+//! Layout of the work:
+//! - `begin_window`: conv1 (+GELU) → conv2 (+GELU, + positions) → N encoder blocks → final
+//!   LayerNorm → every decoder layer's cross-attention K|V, computed once per window. One
+//!   submission.
+//! - `advance(tokens)`: all new positions in one pass (prefill when several): embed →
+//!   per layer {LN, fused QKV, append K and V to the cache, causal attention over the
+//!   cache, out-proj + residual, LN, cross-attention query, attention over the window's
+//!   K|V, out-proj + residual, LN, FFN with GELU, + residual} → final LN of the last
+//!   position → logits (tied embeddings) → masked selection. One submission and a 32-byte
+//!   readback per call; the logits stay on the GPU.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wgpu::Buffer;
+
+use super::checkpoint::Checkpoint;
+use super::Dims;
+use crate::decode::{LogitSource, StepRules, StepScores};
+use crate::gpu::{Gpu, Profile, Recorder};
+use crate::kernels::{
+    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, Rows,
+};
+use crate::{Error, Result};
+
+/// Frames of log-mel per 30 s window.
+const MEL_FRAMES: usize = 3000;
+const LN_EPS: f32 = 1e-5;
+
+struct Norm {
+    gamma: Buffer,
+    beta: Buffer,
+}
+
+struct Linear {
+    w: F16Matrix,
+    b: Buffer,
+}
+
+struct EncoderLayer {
+    attn_norm: Norm,
+    qkv: Linear,
+    attn_out: Linear,
+    ffn_norm: Norm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+struct DecoderLayer {
+    self_norm: Norm,
+    qkv: Linear,
+    self_out: Linear,
+    cross_norm: Norm,
+    cross_q: Linear,
+    cross_kv: Linear,
+    cross_out: Linear,
+    ffn_norm: Norm,
+    fc1: Linear,
+    fc2: Linear,
+    k_cache: Buffer,
+    v_cache: Buffer,
+    /// This window's cross-attention keys | values, [audio_ctx][2d].
+    enc_kv: Buffer,
+}
+
+/// Time spent in each stage since the last `take_timings`, measured on the host around
+/// each submission (the GPU work included: every call waits for its result).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StageTimes {
+    pub encoder: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    pub prefill_tokens: usize,
+    pub decode_steps: usize,
+    pub windows: usize,
+}
+
+pub struct GpuWhisper {
+    gpu: Arc<Gpu>,
+    kern: Kernels,
+    pub dims: Dims,
+    eot: u32,
+    ts_begin: u32,
+    conv1: Linear,
+    conv2: Linear,
+    enc_pos: Buffer,
+    enc_layers: Vec<EncoderLayer>,
+    enc_norm: Norm,
+    emb: F16Matrix,
+    dec_pos: Buffer,
+    dec_layers: Vec<DecoderLayer>,
+    dec_norm: Norm,
+    // Scratch.
+    mel: Buffer,
+    enc_x: Buffer,
+    enc_xn: Buffer,
+    enc_qkv: Buffer,
+    enc_attn: Buffer,
+    enc_h: Buffer,
+    dec_x: Buffer,
+    dec_xn: Buffer,
+    dec_qkv: Buffer,
+    dec_q: Buffer,
+    dec_attn: Buffer,
+    dec_h: Buffer,
+    tokens: Buffer,
+    logits: Buffer,
+    suppress: Buffer,
+    select_out: Buffer,
+    kv_len: usize,
+    window_ready: bool,
+    pub times: StageTimes,
+    /// Per-kernel records (GPU times when the device has timestamps and profiling is on).
+    pub profile: Profile,
+}
+
+fn norm(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Norm> {
+    Ok(Norm {
+        gamma: gpu.upload_f32(&format!("{prefix}/gamma"), &ck.f32(&format!("{prefix}/gamma"))?)?,
+        beta: gpu.upload_f32(&format!("{prefix}/beta"), &ck.f32(&format!("{prefix}/beta"))?)?,
+    })
+}
+
+fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
+    let t = ck.tensor(name)?;
+    let n = t.dims[0];
+    let k: usize = t.dims[1..].iter().product();
+    if n * k * 2 > gpu.info.max_storage_binding as usize {
+        return Err(Error::Unsupported(format!(
+            "weight {name} ({} MB) exceeds the adapter's storage binding limit ({} MB)",
+            n * k * 2 >> 20,
+            gpu.info.max_storage_binding >> 20
+        )));
+    }
+    let bits = ck.f16_bits(name)?;
+    F16Matrix::from_bits(gpu, name, &bits, n, k)
+}
+
+fn linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Linear> {
+    Ok(Linear {
+        w: matrix(gpu, ck, &format!("{prefix}/weight"))?,
+        b: gpu.upload_f32(&format!("{prefix}/bias"), &ck.f32(&format!("{prefix}/bias"))?)?,
+    })
+}
+
+impl GpuWhisper {
+    /// Upload a validated checkpoint. `eot` and `timestamp_begin` come from the tokenizer.
+    pub fn load(gpu: Arc<Gpu>, ck: &Checkpoint, eot: u32, timestamp_begin: u32) -> Result<GpuWhisper> {
+        let g = &*gpu;
+        let dims = ck.dims;
+        let d = dims.d_model;
+        if dims.head_dim() > 128 || d % dims.n_heads != 0 {
+            return Err(Error::Unsupported(format!("{} heads of width {d}", dims.n_heads)));
+        }
+        if dims.audio_ctx * 2 != MEL_FRAMES {
+            return Err(Error::model(&ck.dir, format!("{} encoder positions; Whisper windows need 1500", dims.audio_ctx)));
+        }
+        let kern = Kernels::load(g)?;
+        let mut enc_layers = Vec::with_capacity(dims.encoder_layers);
+        for i in 0..dims.encoder_layers {
+            let p = format!("encoder/layer_{i}");
+            enc_layers.push(EncoderLayer {
+                attn_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
+                qkv: linear(g, ck, &format!("{p}/self_attention/linear_0"))?,
+                attn_out: linear(g, ck, &format!("{p}/self_attention/linear_1"))?,
+                ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
+                fc1: linear(g, ck, &format!("{p}/ffn/linear_0"))?,
+                fc2: linear(g, ck, &format!("{p}/ffn/linear_1"))?,
+            });
+        }
+        let mut dec_layers = Vec::with_capacity(dims.decoder_layers);
+        let cache = (dims.text_ctx * d * 4) as u64;
+        for i in 0..dims.decoder_layers {
+            let p = format!("decoder/layer_{i}");
+            dec_layers.push(DecoderLayer {
+                self_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
+                qkv: linear(g, ck, &format!("{p}/self_attention/linear_0"))?,
+                self_out: linear(g, ck, &format!("{p}/self_attention/linear_1"))?,
+                cross_norm: norm(g, ck, &format!("{p}/attention/layer_norm"))?,
+                cross_q: linear(g, ck, &format!("{p}/attention/linear_0"))?,
+                cross_kv: linear(g, ck, &format!("{p}/attention/linear_1"))?,
+                cross_out: linear(g, ck, &format!("{p}/attention/linear_2"))?,
+                ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
+                fc1: linear(g, ck, &format!("{p}/ffn/linear_0"))?,
+                fc2: linear(g, ck, &format!("{p}/ffn/linear_1"))?,
+                k_cache: g.buffer("k cache", cache)?,
+                v_cache: g.buffer("v cache", cache)?,
+                enc_kv: g.buffer("cross k|v", (dims.audio_ctx * 2 * d * 4) as u64)?,
+            });
+        }
+        let (a, t, f) = (dims.audio_ctx, dims.text_ctx, dims.ffn);
+        let f32s = |n: usize| (n * 4) as u64;
+        Ok(GpuWhisper {
+            kern,
+            dims,
+            eot,
+            ts_begin: timestamp_begin,
+            conv1: linear(g, ck, "encoder/conv1")?,
+            conv2: linear(g, ck, "encoder/conv2")?,
+            enc_pos: g.upload_f32("encoder positions", &ck.f32("encoder/position_encodings/encodings")?)?,
+            enc_layers,
+            enc_norm: norm(g, ck, "encoder/layer_norm")?,
+            emb: matrix(g, ck, "decoder/embeddings/weight")?,
+            dec_pos: g.upload_f32("decoder positions", &ck.f32("decoder/position_encodings/encodings")?)?,
+            dec_layers,
+            dec_norm: norm(g, ck, "decoder/layer_norm")?,
+            mel: g.buffer("mel", f32s(dims.n_mels * MEL_FRAMES))?,
+            enc_x: g.buffer("encoder x", f32s(a * d))?,
+            enc_xn: g.buffer("encoder x normed", f32s(a * d))?,
+            enc_qkv: g.buffer("encoder qkv", f32s(a * 3 * d))?,
+            enc_attn: g.buffer("encoder attention", f32s(a * d))?,
+            // Holds conv1's output [3000][d] too.
+            enc_h: g.buffer("encoder hidden", f32s((a * f).max(MEL_FRAMES * d)))?,
+            dec_x: g.buffer("decoder x", f32s(t * d))?,
+            dec_xn: g.buffer("decoder x normed", f32s(t * d))?,
+            dec_qkv: g.buffer("decoder qkv", f32s(t * 3 * d))?,
+            dec_q: g.buffer("decoder cross q", f32s(t * d))?,
+            dec_attn: g.buffer("decoder attention", f32s(t * d))?,
+            dec_h: g.buffer("decoder hidden", f32s(t * f))?,
+            tokens: g.buffer("tokens", (t * 4) as u64)?,
+            logits: g.buffer("logits", f32s(dims.vocab))?,
+            suppress: g.upload_u32("suppress", &suppress_bitmask(&[], dims.vocab as u32))?,
+            select_out: g.buffer("select out", 32)?,
+            kv_len: 0,
+            window_ready: false,
+            times: StageTimes::default(),
+            profile: Profile::default(),
+            gpu,
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Stage times since the last call, and reset them.
+    pub fn take_times(&mut self) -> StageTimes {
+        std::mem::take(&mut self.times)
+    }
+
+    /// Submit, booking the dispatches in the profile (timed when the device profiles).
+    fn submit(&mut self, rec: Recorder) -> Result<()> {
+        rec.submit(Some(&mut self.profile))
+    }
+
+    fn encode(&mut self, mel: &[f32]) -> Result<()> {
+        let d = self.dims.d_model as u32;
+        let a = self.dims.audio_ctx as u32;
+        let g = self.gpu.clone();
+        g.write(&self.mel, 0, bytemuck::cast_slice(mel));
+        let k = &self.kern;
+        let mut rec = g.recorder();
+        rec.stage("encoder");
+        let gelu = Epilogue { gelu: true, accumulate: false };
+        // conv1 reads the mel channel-major [n_mels][3000] and writes time-major [3000][d].
+        k.conv_k3(&mut rec, &self.mel, MEL_FRAMES as u32, MEL_FRAMES as u32, 1, 1, &self.conv1.w, &self.conv1.b, &self.enc_h, gelu)?;
+        // x = positions, then x += GELU(conv2(h)) (stride 2: 3000 -> 1500 frames).
+        rec.copy(&self.enc_pos, 0, &self.enc_x, 0, (a * d * 4) as u64);
+        k.conv_k3(
+            &mut rec,
+            &self.enc_h,
+            MEL_FRAMES as u32,
+            1,
+            d,
+            2,
+            &self.conv2.w,
+            &self.conv2.b,
+            &self.enc_x,
+            Epilogue { gelu: true, accumulate: true },
+        )?;
+        let acc = Epilogue { gelu: false, accumulate: true };
+        let plain = Epilogue::default();
+        let heads = self.dims.n_heads as u32;
+        let hd = self.dims.head_dim() as u32;
+        let (du, f) = (d as usize, self.dims.ffn);
+        for l in &self.enc_layers {
+            k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &l.attn_norm.gamma, &l.attn_norm.beta, &self.enc_xn, 0, LN_EPS)?;
+            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.qkv.w, Some(&l.qkv.b), Rows::new(&self.enc_qkv, 3 * du), plain)?;
+            k.attention(
+                &mut rec,
+                &AttentionArgs {
+                    q: Rows::at(&self.enc_qkv, 0, 3 * du),
+                    k: Rows::at(&self.enc_qkv, du, 3 * du),
+                    v: Rows::at(&self.enc_qkv, 2 * du, 3 * du),
+                    out: Rows::new(&self.enc_attn, du),
+                    tq: a,
+                    tk: a,
+                    heads,
+                    head_dim: hd,
+                    causal: None,
+                },
+            )?;
+            k.linear(&mut rec, Rows::new(&self.enc_attn, du), a, &l.attn_out.w, Some(&l.attn_out.b), Rows::new(&self.enc_x, du), acc)?;
+            k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &l.ffn_norm.gamma, &l.ffn_norm.beta, &self.enc_xn, 0, LN_EPS)?;
+            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.fc1.w, Some(&l.fc1.b), Rows::new(&self.enc_h, f), gelu)?;
+            k.linear(&mut rec, Rows::new(&self.enc_h, f), a, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.enc_x, du), acc)?;
+        }
+        k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
+        rec.stage("cross k|v");
+        for l in &self.dec_layers {
+            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.cross_kv.w, Some(&l.cross_kv.b), Rows::new(&l.enc_kv, 2 * du), plain)?;
+        }
+        self.submit(rec)?;
+        self.gpu.wait()
+    }
+
+    /// The encoder's output for the current window ([audio_ctx][d], after the final
+    /// LayerNorm), for comparisons with the reference.
+    pub fn encoder_output(&self) -> Result<Vec<f32>> {
+        self.gpu.read_f32(&self.enc_xn, 0, self.dims.audio_ctx * self.dims.d_model)
+    }
+
+    /// The logits of the last position of the last `advance`.
+    pub fn last_logits(&self) -> Result<Vec<f32>> {
+        self.gpu.read_f32(&self.logits, 0, self.dims.vocab)
+    }
+
+    fn decode_positions(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores> {
+        let n = tokens.len();
+        let pos0 = self.kv_len;
+        let vocab = self.dims.vocab as u32;
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= vocab) {
+            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary of {vocab}")));
+        }
+        let g = self.gpu.clone();
+        g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        let k = &self.kern;
+        let d = self.dims.d_model;
+        let du = d as u32;
+        let (m, p0) = (n as u32, pos0 as u32);
+        let heads = self.dims.n_heads as u32;
+        let hd = self.dims.head_dim() as u32;
+        let (acc, plain) = (Epilogue { gelu: false, accumulate: true }, Epilogue::default());
+        let gelu = Epilogue { gelu: true, accumulate: false };
+        let mut rec = g.recorder();
+        rec.stage(if n > 1 { "prefill" } else { "decode" });
+        k.embed(&mut rec, &self.tokens, m, &self.emb, &self.dec_pos, p0, &self.dec_x)?;
+        for l in &self.dec_layers {
+            k.layer_norm(&mut rec, &self.dec_x, 0, m, du, &l.self_norm.gamma, &l.self_norm.beta, &self.dec_xn, 0, LN_EPS)?;
+            k.linear(&mut rec, Rows::new(&self.dec_xn, d), m, &l.qkv.w, Some(&l.qkv.b), Rows::new(&self.dec_qkv, 3 * d), plain)?;
+            k.copy_rows(&mut rec, Rows::at(&self.dec_qkv, d, 3 * d), Rows::at(&l.k_cache, pos0 * d, d), m, du)?;
+            k.copy_rows(&mut rec, Rows::at(&self.dec_qkv, 2 * d, 3 * d), Rows::at(&l.v_cache, pos0 * d, d), m, du)?;
+            k.attention(
+                &mut rec,
+                &AttentionArgs {
+                    q: Rows::at(&self.dec_qkv, 0, 3 * d),
+                    k: Rows::new(&l.k_cache, d),
+                    v: Rows::new(&l.v_cache, d),
+                    out: Rows::new(&self.dec_attn, d),
+                    tq: m,
+                    tk: p0 + m,
+                    heads,
+                    head_dim: hd,
+                    causal: Some(p0),
+                },
+            )?;
+            k.linear(&mut rec, Rows::new(&self.dec_attn, d), m, &l.self_out.w, Some(&l.self_out.b), Rows::new(&self.dec_x, d), acc)?;
+            k.layer_norm(&mut rec, &self.dec_x, 0, m, du, &l.cross_norm.gamma, &l.cross_norm.beta, &self.dec_xn, 0, LN_EPS)?;
+            k.linear(&mut rec, Rows::new(&self.dec_xn, d), m, &l.cross_q.w, Some(&l.cross_q.b), Rows::new(&self.dec_q, d), plain)?;
+            k.attention(
+                &mut rec,
+                &AttentionArgs {
+                    q: Rows::new(&self.dec_q, d),
+                    k: Rows::at(&l.enc_kv, 0, 2 * d),
+                    v: Rows::at(&l.enc_kv, d, 2 * d),
+                    out: Rows::new(&self.dec_attn, d),
+                    tq: m,
+                    tk: self.dims.audio_ctx as u32,
+                    heads,
+                    head_dim: hd,
+                    causal: None,
+                },
+            )?;
+            k.linear(&mut rec, Rows::new(&self.dec_attn, d), m, &l.cross_out.w, Some(&l.cross_out.b), Rows::new(&self.dec_x, d), acc)?;
+            k.layer_norm(&mut rec, &self.dec_x, 0, m, du, &l.ffn_norm.gamma, &l.ffn_norm.beta, &self.dec_xn, 0, LN_EPS)?;
+            k.linear(&mut rec, Rows::new(&self.dec_xn, d), m, &l.fc1.w, Some(&l.fc1.b), Rows::new(&self.dec_h, self.dims.ffn), gelu)?;
+            k.linear(&mut rec, Rows::new(&self.dec_h, self.dims.ffn), m, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.dec_x, d), acc)?;
+        }
+        // Only the last position's logits are needed.
+        let last = (m - 1) * du;
+        k.layer_norm(&mut rec, &self.dec_x, last, 1, du, &self.dec_norm.gamma, &self.dec_norm.beta, &self.dec_xn, 0, LN_EPS)?;
+        k.linear(&mut rec, Rows::new(&self.dec_xn, d), 1, &self.emb, None, Rows::new(&self.logits, self.dims.vocab), plain)?;
+        let sp = select_params(rules, vocab, self.ts_begin, self.eot, 0);
+        k.select(&mut rec, &self.logits, &self.suppress, &sp, &self.select_out)?;
+        self.submit(rec)?;
+        let words = g.read_u32(&self.select_out, 0, 8)?;
+        self.kv_len += n;
+        Ok(scores_from_words(&words))
+    }
+}
+
+impl LogitSource for GpuWhisper {
+    fn begin_window(&mut self, mel: &[f32]) -> Result<()> {
+        let want = self.dims.n_mels * MEL_FRAMES;
+        if mel.len() != want {
+            return Err(Error::Invalid(format!("a window of {} mel values; the encoder takes {want}", mel.len())));
+        }
+        let t = Instant::now();
+        self.window_ready = false;
+        self.encode(mel)?;
+        self.kv_len = 0;
+        self.window_ready = true;
+        self.times.encoder += t.elapsed();
+        self.times.windows += 1;
+        Ok(())
+    }
+
+    fn advance(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores> {
+        if !self.window_ready {
+            return Err(Error::Invalid("advance before begin_window".into()));
+        }
+        if tokens.is_empty() {
+            return Err(Error::Invalid("advance with no tokens".into()));
+        }
+        if self.kv_len + tokens.len() > self.dims.text_ctx {
+            return Err(Error::Invalid(format!(
+                "{} decoder positions exceed the model's {}",
+                self.kv_len + tokens.len(),
+                self.dims.text_ctx
+            )));
+        }
+        let t = Instant::now();
+        let r = self.decode_positions(tokens, rules)?;
+        if tokens.len() > 1 {
+            self.times.prefill += t.elapsed();
+            self.times.prefill_tokens += tokens.len();
+        } else {
+            self.times.decode += t.elapsed();
+            self.times.decode_steps += 1;
+        }
+        Ok(r)
+    }
+
+    fn set_suppress(&mut self, ids: &[u32]) -> Result<()> {
+        let words = suppress_bitmask(ids, self.dims.vocab as u32);
+        self.gpu.write(&self.suppress, 0, bytemuck::cast_slice(&words));
+        Ok(())
+    }
+
+    fn max_positions(&self) -> usize {
+        self.dims.text_ctx
+    }
+
+    fn n_mels(&self) -> usize {
+        self.dims.n_mels
+    }
+}

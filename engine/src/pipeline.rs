@@ -1,0 +1,176 @@
+//! File in, transcript out: audio decode -> 16 kHz -> log-mel -> Whisper on the GPU ->
+//! segments, with the time each stage took. The CLI and the window both call this.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::audio::mel::log_mel_spectrogram;
+use crate::audio::resample::to_16k;
+use crate::audio::{decode_wav_file, SAMPLE_RATE};
+use crate::decode::tokenizer::WhisperTokenizer;
+use crate::decode::whisper::{suppress_list, transcribe, DecodeOptions, Segment};
+use crate::gpu::Gpu;
+use crate::models::whisper::checkpoint::Checkpoint;
+use crate::models::whisper::gpu::GpuWhisper;
+use crate::{Error, Result};
+
+/// Zeros appended before the STFT, as faster-whisper's feature extractor does (one hop).
+const MEL_PAD_SAMPLES: usize = 160;
+
+/// Options of one transcription.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Decode with timestamp tokens (segments with times); false adds <|notimestamps|>.
+    pub timestamps: bool,
+    pub decode: DecodeOptions,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { timestamps: true, decode: DecodeOptions::default() }
+    }
+}
+
+/// One named stage and how long it took (wall clock, GPU work included).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Stage {
+    pub name: &'static str,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Transcript {
+    pub path: PathBuf,
+    /// The whole text, segments joined.
+    pub text: String,
+    pub segments: Vec<Segment>,
+    /// Seconds of audio.
+    pub audio_seconds: f64,
+    /// Generated tokens (timestamps included).
+    pub tokens: usize,
+    /// One-token decoder passes and prompt positions run in batched passes.
+    pub decode_steps: usize,
+    pub prefill_tokens: usize,
+    /// 30 s windows encoded.
+    pub windows: usize,
+    /// Stages in order: audio decode, resample, mel, encoder, prefill, decode steps, total.
+    pub stages: Vec<Stage>,
+}
+
+impl Transcript {
+    pub fn total_seconds(&self) -> f64 {
+        self.stages.iter().find(|s| s.name == "total").map(|s| s.seconds).unwrap_or(0.0)
+    }
+    /// Processing time / audio time (below 1 is faster than real time).
+    pub fn real_time_factor(&self) -> f64 {
+        if self.audio_seconds > 0.0 { self.total_seconds() / self.audio_seconds } else { 0.0 }
+    }
+}
+
+/// A loaded model ready to transcribe files, on its own device or a borrowed one.
+pub struct Transcriber {
+    pub model_dir: PathBuf,
+    /// How long loading took (weights read, uploaded, pipelines compiled).
+    pub load_time: Duration,
+    model: GpuWhisper,
+    tokenizer: WhisperTokenizer,
+    suppress: Vec<u32>,
+}
+
+impl Transcriber {
+    /// Load a CTranslate2 Whisper model directory onto `gpu`.
+    pub fn load(gpu: Arc<Gpu>, model_dir: &Path) -> Result<Self> {
+        let t = Instant::now();
+        let ck = Checkpoint::open(model_dir)?;
+        let tokenizer = WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32)?;
+        let sp = tokenizer.special().clone();
+        let model = GpuWhisper::load(gpu, &ck, sp.eot, sp.timestamp_begin)?;
+        let suppress = suppress_list(&ck.config.suppress_ids, &sp);
+        Ok(Transcriber { model_dir: model_dir.to_path_buf(), load_time: t.elapsed(), model, tokenizer, suppress })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        self.model.gpu()
+    }
+
+    /// Per-kernel records of everything run so far (GPU times when profiling).
+    pub fn profile(&self) -> &crate::gpu::Profile {
+        &self.model.profile
+    }
+
+    pub fn reset_profile(&mut self) {
+        self.model.profile.clear();
+    }
+
+    /// Transcribe one audio file.
+    pub fn transcribe_file(&mut self, path: &Path, opts: &Options) -> Result<Transcript> {
+        self.transcribe_file_with_progress(path, opts, &mut |_| {})
+    }
+
+    /// Transcribe one audio file; `progress(fraction of the audio done)` after each window.
+    pub fn transcribe_file_with_progress(
+        &mut self,
+        path: &Path,
+        opts: &Options,
+        progress: &mut dyn FnMut(f32),
+    ) -> Result<Transcript> {
+        let t0 = Instant::now();
+        let audio = decode_wav_file(path)?;
+        let t_decode = t0.elapsed();
+        let t1 = Instant::now();
+        let mono = audio.to_mono();
+        let samples = to_16k(&mono, audio.sample_rate)?;
+        let t_resample = t1.elapsed();
+        let mut out = self.transcribe_samples(&samples, opts, progress)?;
+        out.path = path.to_path_buf();
+        out.audio_seconds = audio.duration_seconds();
+        out.stages.insert(0, Stage { name: "audio decode", seconds: t_decode.as_secs_f64() });
+        out.stages.insert(1, Stage { name: "resample", seconds: t_resample.as_secs_f64() });
+        if let Some(total) = out.stages.iter_mut().find(|s| s.name == "total") {
+            total.seconds = t0.elapsed().as_secs_f64();
+        }
+        Ok(out)
+    }
+
+    /// Transcribe 16 kHz mono samples (the live path and the file path both end here).
+    pub fn transcribe_samples(
+        &mut self,
+        samples: &[f32],
+        opts: &Options,
+        progress: &mut dyn FnMut(f32),
+    ) -> Result<Transcript> {
+        if samples.is_empty() {
+            return Err(Error::AudioData("there are no samples to transcribe".into()));
+        }
+        let t0 = Instant::now();
+        let mel = log_mel_spectrogram(samples, self.model.dims.n_mels, MEL_PAD_SAMPLES);
+        let t_mel = t0.elapsed();
+        let mut dopts = opts.decode.clone();
+        dopts.timestamps = opts.timestamps;
+        self.model.take_times();
+        let (segments, stats) = transcribe(&mut self.model, &mel, &self.tokenizer, &self.suppress, &dopts, progress)?;
+        let times = self.model.take_times();
+        let text = segments.iter().map(|s| s.text.as_str()).collect::<String>().trim().to_string();
+        let stages = vec![
+            Stage { name: "mel", seconds: t_mel.as_secs_f64() },
+            Stage { name: "encoder", seconds: times.encoder.as_secs_f64() },
+            Stage { name: "prefill", seconds: times.prefill.as_secs_f64() },
+            Stage { name: "decode steps", seconds: times.decode.as_secs_f64() },
+            Stage { name: "total", seconds: t0.elapsed().as_secs_f64() },
+        ];
+        Ok(Transcript {
+            path: PathBuf::new(),
+            text,
+            segments,
+            audio_seconds: samples.len() as f64 / SAMPLE_RATE as f64,
+            tokens: stats.tokens,
+            decode_steps: times.decode_steps,
+            prefill_tokens: times.prefill_tokens,
+            windows: stats.windows,
+            stages,
+        })
+    }
+}
