@@ -78,7 +78,6 @@ impl Format {
 /// The JSON document of a run (`--json`), or of one file with `--output-dir`.
 #[derive(serde::Serialize)]
 struct JsonRun {
-    /// None when no file got as far as loading the model.
     model: Option<String>,
     load_seconds: Option<f64>,
     files: Vec<JsonFile>,
@@ -162,10 +161,10 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
     // Check every file can be opened before the (slow) model load and the (large) first
     // download: a mistyped name should fail in milliseconds.
     let readable: Vec<Result<(), String>> = args.files.iter().map(|f| check_readable(f)).collect();
-    let mut loaded = None;
+    let mut transcriber = None;
     if readable.iter().any(Result::is_ok) {
         match load(args) {
-            Ok(l) => loaded = Some(l),
+            Ok(t) => transcriber = Some(t),
             Err(msg) => {
                 // No model or no GPU: every file would fail the same way. Say it once.
                 eprintln!("verbatim: {msg}");
@@ -184,8 +183,9 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
 
     for (file, check) in args.files.iter().zip(readable) {
         let result = check.and_then(|()| {
-            let l = loaded.as_mut().expect("loaded whenever a file is readable");
-            l.transcribe_file(file, &opts).map_err(|e| e.to_string())
+            // Always Some here: the model was loaded because this file is readable.
+            let tr = transcriber.as_mut().ok_or("no model loaded")?;
+            tr.transcribe_file(file, &opts).map_err(|e| e.to_string())
         });
         let t = match result {
             Ok(t) => t,
@@ -196,7 +196,7 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
                 continue;
             }
         };
-        let load_time = loaded.as_ref().map(|l| l.load_time).unwrap_or_default();
+        let load_time = transcriber.as_ref().map(|tr| tr.load_time).unwrap_or_default();
 
         let doc = match format {
             Format::Txt if args.timestamps => {
@@ -210,11 +210,7 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
             Format::Srt => export::srt(&cues(&t)),
             Format::Vtt => export::vtt(&cues(&t)),
             // With --output-dir, a document per file; else one for the run, at the end.
-            Format::Json if args.output_dir.is_some() => to_json(&JsonRun {
-                model: loaded.as_ref().map(|l| l.model_dir.display().to_string()),
-                load_seconds: Some(load_time.as_secs_f64()),
-                files: vec![json_file(&t)],
-            }),
+            Format::Json if args.output_dir.is_some() => to_json(transcriber.as_ref(), vec![json_file(&t)]),
             Format::Json => {
                 json_files.push(json_file(&t));
                 String::new()
@@ -243,12 +239,7 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
     }
 
     if format == Format::Json && args.output_dir.is_none() {
-        let run = JsonRun {
-            model: loaded.as_ref().map(|l| l.model_dir.display().to_string()),
-            load_seconds: loaded.as_ref().map(|l| l.load_time.as_secs_f64()),
-            files: json_files,
-        };
-        stdout.write_all(to_json(&run).as_bytes())?;
+        stdout.write_all(to_json(transcriber.as_ref(), json_files).as_bytes())?;
         stdout.flush()?;
     }
     Ok(all_ok)
@@ -308,7 +299,7 @@ fn default_model() -> Result<PathBuf, String> {
 }
 
 fn cues(t: &Transcript) -> Vec<Cue<'_>> {
-    t.segments.iter().map(|s| Cue { start: s.start as f64, end: s.end as f64, text: &s.text }).collect()
+    t.segments.iter().map(|s| Cue { start: s.start, end: s.end, text: &s.text }).collect()
 }
 
 fn json_file(t: &Transcript) -> JsonFile {
@@ -318,7 +309,7 @@ fn json_file(t: &Transcript) -> JsonFile {
         segments: t
             .segments
             .iter()
-            .map(|s| JsonSegment { start: ms(s.start as f64), end: ms(s.end as f64), text: s.text.trim().to_string() })
+            .map(|s| JsonSegment { start: ms(s.start), end: ms(s.end), text: s.text.trim().to_string() })
             .collect(),
         audio_seconds: t.audio_seconds,
         tokens: t.tokens,
@@ -328,15 +319,23 @@ fn json_file(t: &Transcript) -> JsonFile {
     }
 }
 
-/// Seconds rounded to whole milliseconds: times held as f32 would otherwise print as
-/// 4.119999885559082 and suggest a precision that is not there.
+/// Seconds rounded to whole milliseconds: times computed in floating point (timestamp
+/// tokens are 20 ms steps) would otherwise print as 7.739999999999999 and suggest a
+/// precision that is not there.
 fn ms(seconds: f64) -> f64 {
     (seconds * 1000.0).round() / 1000.0
 }
 
-fn to_json(run: &JsonRun) -> String {
+/// The JSON document of a run: the model (None when no file got as far as loading it),
+/// then the files.
+fn to_json(transcriber: Option<&Transcriber>, files: Vec<JsonFile>) -> String {
+    let run = JsonRun {
+        model: transcriber.map(|tr| tr.model_dir.display().to_string()),
+        load_seconds: transcriber.map(|tr| tr.load_time.as_secs_f64()),
+        files,
+    };
     // Serialising plain structs of strings and numbers cannot fail (a NaN becomes null).
-    let mut s = serde_json::to_string_pretty(run).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+    let mut s = serde_json::to_string_pretty(&run).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');
     s
 }

@@ -22,7 +22,8 @@ fn transcriber() -> &'static Mutex<Transcriber> {
             "the default model is missing at {} — run packaging/fetch-model.sh",
             dir.display()
         );
-        let gpu = Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)"));
+        let profile = std::env::var_os("VERBATIM_PROFILE").is_some();
+        let gpu = Arc::new(Gpu::new(&GpuOptions { profile, ..Default::default() }).expect("a GPU adapter (lavapipe is enough)"));
         eprintln!("GPU: {} ({})", gpu.info.name, gpu.info.backend);
         Mutex::new(Transcriber::load(gpu, &dir).expect("load the default model"))
     })
@@ -45,6 +46,9 @@ fn jfk_sample_gives_the_sentence() {
     eprintln!("{:?}", out.segments);
     for s in &out.stages {
         eprintln!("{:>14} {:9.1} ms", s.name, s.seconds * 1e3);
+    }
+    for k in t.profile().stats() {
+        eprintln!("{:>12} {:>10} {:6} dispatches {:10.2} ms", k.kernel, k.stage, k.dispatches, k.gpu_ns / 1e6);
     }
     assert_eq!(
         normalise(&out.text),

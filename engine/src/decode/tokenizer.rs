@@ -145,7 +145,11 @@ impl WhisperTokenizer {
     /// Text of `tokens`. Ids >= eot (specials and timestamps) are dropped first, as
     /// faster-whisper's `Tokenizer.decode` does.
     pub fn decode_text(&self, tokens: &[u32]) -> Result<String> {
-        let text: Vec<u32> = tokens.iter().copied().filter(|&t| t < self.special.eot).collect();
+        let text: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|&t| t < self.special.eot)
+            .collect();
         self.inner
             .decode(&text, true)
             .map_err(|e| Error::Tokenizer(format!("cannot decode {} tokens: {e}", text.len())))
@@ -204,7 +208,9 @@ mod tests {
     fn decode_tokenizer_text_of_known_ids() {
         let tok = real_tokenizer();
         // Ids from faster-whisper's transcript of a LibriVox clip (tiny.en).
-        let ids = [50363, 362, 13, 1649, 16571, 45764, 2236, 7284, 14566, 11906, 4772, 50801];
+        let ids = [
+            50363, 362, 13, 1649, 16571, 45764, 2236, 7284, 14566, 11906, 4772, 50801,
+        ];
         assert_eq!(
             tok.decode_text(&ids).unwrap(),
             " 2. When forty winters shall besiege thy brow"
@@ -224,7 +230,12 @@ mod tests {
         // A vocabulary too small to hold timestamps: the model does not match the tokenizer.
         let path = crate::models::whisper::default_model_dir().join("tokenizer.json");
         assert!(path.is_file(), "{} is missing", path.display());
-        let err = WhisperTokenizer::from_file(&path, 50363).err().expect("must fail");
-        assert!(matches!(err, Error::Tokenizer(ref m) if m.contains("timestamp")), "{err}");
+        let err = WhisperTokenizer::from_file(&path, 50363)
+            .err()
+            .expect("must fail");
+        assert!(
+            matches!(err, Error::Tokenizer(ref m) if m.contains("timestamp")),
+            "{err}"
+        );
     }
 }

@@ -13,6 +13,12 @@
 //! With a single temperature there is no fallback: faster-whisper's `generate_with_fallback`
 //! keeps the only result it has whatever the compression ratio or log-probability, and
 //! `prompt_reset_on_temperature` (0.5) never triggers at temperature 0.
+//!
+//! Checked once by hand (2026-11-30) with the CPU reference model as the source against
+//! faster-whisper 1.2.1 (`beam_size=1, temperature=0`, tiny.en, float32 on CPU): jfk.wav,
+//! the 53 s and 105 s LibriVox sonnets (3 and 5 windows, a truncated 223-token prompt),
+//! a 63 s file with 32 s of noise first (a skipped window) and jfk without timestamps all
+//! gave the same tokens, times, avg_logprob and no_speech_prob (to 4 decimals).
 
 use std::time::{Duration, Instant};
 
@@ -163,7 +169,7 @@ pub fn build_prompt(
 /// The timestamp index of `max_initial_timestamp` seconds: faster-whisper's
 /// `int(round(max_initial_timestamp / time_precision))` (round half to even, as Python).
 fn max_initial_timestamp_index(seconds: f32) -> Result<u32> {
-    if !(seconds >= 0.0) || !seconds.is_finite() {
+    if !seconds.is_finite() || seconds < 0.0 {
         return Err(Error::Invalid(format!(
             "max_initial_timestamp must be a finite number of seconds >= 0, not {seconds}"
         )));
@@ -214,15 +220,24 @@ impl Rules {
         if !self.timestamps {
             // No timestamp rules at all: timestamps stay allowed and compete with text in
             // one plain argmax (CTranslate2 adds no processor for them).
-            return Step { rules, check_ts_over_text: false };
+            return Step {
+                rules,
+                check_ts_over_text: false,
+            };
         }
 
         if first {
             // The first token is a timestamp, no later than max_initial_timestamp. (Text is
             // all masked, so the timestamps-beat-text check would change nothing.)
             rules.mask_non_timestamps = true;
-            rules.ts_hi = ts_begin.saturating_add(self.max_initial_index).saturating_add(1).min(sp.vocab);
-            return Step { rules, check_ts_over_text: false };
+            rules.ts_hi = ts_begin
+                .saturating_add(self.max_initial_index)
+                .saturating_add(1)
+                .min(sp.vocab);
+            return Step {
+                rules,
+                check_ts_over_text: false,
+            };
         }
 
         // <|notimestamps|> is never sampled once timestamps are on.
@@ -232,23 +247,36 @@ impl Rules {
         if is_ts(last) {
             // With one sampled token, CTranslate2 takes the penultimate to be the last
             // (OpenAI: "len(seq) < 2" counts as a timestamp): a first timestamp opens a pair.
-            let penultimate = if sampled.len() >= 2 { sampled[sampled.len() - 2] } else { last };
+            let penultimate = if sampled.len() >= 2 {
+                sampled[sampled.len() - 2]
+            } else {
+                last
+            };
             if is_ts(penultimate) {
                 // A pair closed: the next token is text (or eot).
                 rules.ts_lo = sp.vocab;
-                return Step { rules, check_ts_over_text: false };
+                return Step {
+                    rules,
+                    check_ts_over_text: false,
+                };
             }
             // A lone timestamp after text ends a segment: only another timestamp (the
             // next segment's start, >= this one) or eot may follow.
             rules.mask_text = true;
             rules.ts_lo = last;
-            return Step { rules, check_ts_over_text: true };
+            return Step {
+                rules,
+                check_ts_over_text: true,
+            };
         }
         // After text, timestamps strictly increase: a segment has a nonzero length.
         if let Some(&last_ts) = sampled.iter().rev().find(|&&t| is_ts(t)) {
             rules.ts_lo = last_ts + 1;
         }
-        Step { rules, check_ts_over_text: true }
+        Step {
+            rules,
+            check_ts_over_text: true,
+        }
     }
 }
 
@@ -270,7 +298,7 @@ fn pick(scores: &StepScores, check_ts_over_text: bool, vocab: u32) -> Result<(u3
     // text token, all of [0, timestamp_begin) is masked (eot too). Logits and log-probs
     // share one normaliser, so comparing LSE(timestamps) with max(text) on logits is the
     // same test.
-    let (token, best, lse) = if check_ts_over_text && ts_max > text_max {
+    let (token, best, lse) = if check_ts_over_text && ts_lse > text_max {
         (scores.ts_best, ts_max, ts_lse)
     } else if ts_max > text_max {
         (scores.ts_best, ts_max, log_add_exp(text_lse, ts_lse))
@@ -307,7 +335,10 @@ pub fn decode_window(
         Error::Invalid("the decoder prompt has no <|startoftranscript|> token".into())
     })?;
     let start_len = sot_index
-        + prompt[sot_index..].iter().take_while(|&&t| (sp.sot..=sp.no_timestamps).contains(&t)).count();
+        + prompt[sot_index..]
+            .iter()
+            .take_while(|&&t| (sp.sot..=sp.no_timestamps).contains(&t))
+            .count();
     if start_len != prompt.len() {
         return Err(Error::Invalid(
             "the decoder prompt has tokens after its start sequence (prefixes are not supported)"
@@ -320,7 +351,9 @@ pub fn decode_window(
     // start_step; the sampled tokens may use at most half the context, and never run past it.
     let start_step = prompt.len() - 1;
     let max_positions = src.max_positions();
-    let max_len = opts.sample_len.min(max_positions.saturating_sub(start_step));
+    let max_len = opts
+        .sample_len
+        .min(max_positions.saturating_sub(start_step));
     if max_len == 0 {
         return Err(Error::Invalid(format!(
             "no room to decode: prompt of {} tokens, context of {max_positions}, sample_len {}",
@@ -419,8 +452,9 @@ fn split_segments(
     let position = |t: u32| i64::from(t) - i64::from(ts_begin);
     let n = tokens.len();
     let single_timestamp_ending = n >= 2 && !is_ts(tokens[n - 2]) && is_ts(tokens[n - 1]);
-    let consecutive: Vec<usize> =
-        (1..n).filter(|&i| is_ts(tokens[i]) && is_ts(tokens[i - 1])).collect();
+    let consecutive: Vec<usize> = (1..n)
+        .filter(|&i| is_ts(tokens[i]) && is_ts(tokens[i - 1]))
+        .collect();
 
     let mut segments = Vec::new();
     if !consecutive.is_empty() {
@@ -610,7 +644,10 @@ mod tests {
     }
 
     fn lse(xs: impl Iterator<Item = f32>) -> f64 {
-        let xs: Vec<f64> = xs.map(f64::from).filter(|x| *x > f64::NEG_INFINITY).collect();
+        let xs: Vec<f64> = xs
+            .map(f64::from)
+            .filter(|x| *x > f64::NEG_INFINITY)
+            .collect();
         let m = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         if m == f64::NEG_INFINITY {
             return m;
@@ -717,22 +754,31 @@ mod tests {
             assert_eq!(mel.len(), 80 * WINDOW_FRAMES, "a window is [80][3000]");
             // The test mel holds frame index + 1 in every bin, zero in the padding.
             let start = mel[0] as usize - 1;
-            let len = mel[..WINDOW_FRAMES].iter().take_while(|&&v| v != 0.0).count();
+            let len = mel[..WINDOW_FRAMES]
+                .iter()
+                .take_while(|&&v| v != 0.0)
+                .count();
             for (f, &v) in mel[..len].iter().enumerate() {
                 assert_eq!(v as usize, start + f + 1, "window frames are consecutive");
             }
-            assert!(mel[len..WINDOW_FRAMES].iter().all(|&v| v == 0.0), "zero padding");
+            assert!(
+                mel[len..WINDOW_FRAMES].iter().all(|&v| v == 0.0),
+                "zero padding"
+            );
             self.windows.push((start, len));
             self.history.clear();
             // Marks the start of a window in `calls`, for `prompts()`.
-            self.calls.push((Vec::new(), StepRules {
-                mask_text: false,
-                mask_non_timestamps: false,
-                ts_lo: 0,
-                ts_hi: 0,
-                extra_suppress: [NONE; 2],
-                probe: 0,
-            }));
+            self.calls.push((
+                Vec::new(),
+                StepRules {
+                    mask_text: false,
+                    mask_non_timestamps: false,
+                    ts_lo: 0,
+                    ts_hi: 0,
+                    extra_suppress: [NONE; 2],
+                    probe: 0,
+                },
+            ));
             Ok(())
         }
 
@@ -742,9 +788,16 @@ mod tests {
             }
             self.calls.push((tokens.to_vec(), *rules));
             self.history.extend_from_slice(tokens);
-            let sot_at = self.history.iter().rposition(|&t| t == SOT).expect("sot fed");
+            let sot_at = self
+                .history
+                .iter()
+                .rposition(|&t| t == SOT)
+                .expect("sot fed");
             let start = sot_at
-                + self.history[sot_at..].iter().take_while(|&&t| (SOT..=NO_TS).contains(&t)).count();
+                + self.history[sot_at..]
+                    .iter()
+                    .take_while(|&&t| (SOT..=NO_TS).contains(&t))
+                    .count();
             let ctx = Ctx {
                 window: self.windows.len().saturating_sub(1),
                 history: &self.history,
@@ -802,33 +855,69 @@ mod tests {
     }
 
     fn ts_rules() -> Rules {
-        Rules { sp: sp(), timestamps: true, suppress_blank: true, blank: BLANK, max_initial_index: 50 }
+        Rules {
+            sp: sp(),
+            timestamps: true,
+            suppress_blank: true,
+            blank: BLANK,
+            max_initial_index: 50,
+        }
     }
 
     #[test]
     fn decode_rules_first_token_is_a_timestamp_within_max_initial() {
         // The model prefers text, then a timestamp at 1.2 s; only <|0.00|>..<|1.00|> may come.
-        let model = |_: &Ctx| logits_with(0.0, &[(W[0], 10.0), (ts(1.2), 9.0), (ts(1.0), 2.0), (ts(0.2), 1.0)]);
+        let model = |_: &Ctx| {
+            logits_with(
+                0.0,
+                &[(W[0], 10.0), (ts(1.2), 9.0), (ts(1.0), 2.0), (ts(0.2), 1.0)],
+            )
+        };
         let mut src = mock_with_suppress(model);
-        let o = DecodeOptions { sample_len: 1, ..opts() };
+        let o = DecodeOptions {
+            sample_len: 1,
+            ..opts()
+        };
         let r = decode_window(&mut src, &[SOT], &sp(), BLANK, &o).unwrap();
         assert_eq!(r.tokens, vec![ts(1.0)]);
         let rules = src.calls[0].1;
         assert!(rules.mask_non_timestamps && !rules.mask_text);
         assert_eq!((rules.ts_lo, rules.ts_hi), (TS0, ts(1.0) + 1));
         // Its log-probability is taken among the 51 allowed timestamps only.
-        let allowed = lse((0..51).map(|i| if i == 50 { 2.0 } else if i == 10 { 1.0 } else { 0.0 }));
-        assert!((r.sum_logprob - (2.0 - allowed)).abs() < 1e-5, "{}", r.sum_logprob);
+        let allowed = lse((0..51).map(|i| {
+            if i == 50 {
+                2.0
+            } else if i == 10 {
+                1.0
+            } else {
+                0.0
+            }
+        }));
+        assert!(
+            (r.sum_logprob - (2.0 - allowed)).abs() < 1e-5,
+            "{}",
+            r.sum_logprob
+        );
 
         // max_initial_timestamp 0.5 s: <|1.00|> is out of reach, <|0.20|> is the best left.
         let mut src = mock_with_suppress(model);
-        let o = DecodeOptions { sample_len: 1, max_initial_timestamp: 0.5, ..opts() };
+        let o = DecodeOptions {
+            sample_len: 1,
+            max_initial_timestamp: 0.5,
+            ..opts()
+        };
         let r = decode_window(&mut src, &[SOT], &sp(), BLANK, &o).unwrap();
         assert_eq!(r.tokens, vec![ts(0.2)]);
         assert_eq!(src.calls[0].1.ts_hi, ts(0.5) + 1);
 
-        let bad = DecodeOptions { max_initial_timestamp: -1.0, ..opts() };
-        assert!(matches!(decode_window(&mut src, &[SOT], &sp(), BLANK, &bad), Err(Error::Invalid(_))));
+        let bad = DecodeOptions {
+            max_initial_timestamp: -1.0,
+            ..opts()
+        };
+        assert!(matches!(
+            decode_window(&mut src, &[SOT], &sp(), BLANK, &bad),
+            Err(Error::Invalid(_))
+        ));
     }
 
     #[test]
@@ -842,7 +931,11 @@ mod tests {
         let s = r.step(&[t0, w]);
         assert_eq!((s.rules.ts_lo, s.rules.ts_hi), (t0 + 1, VOCAB));
         assert!(!s.rules.mask_text && s.check_ts_over_text);
-        assert_eq!(s.rules.extra_suppress, [NO_TS, NONE], "<|notimestamps|> is masked");
+        assert_eq!(
+            s.rules.extra_suppress,
+            [NO_TS, NONE],
+            "<|notimestamps|> is masked"
+        );
         // The last timestamp is found further back too.
         assert_eq!(r.step(&[t0, w, W[1], W[2]]).rules.ts_lo, t0 + 1);
         // A lone timestamp after text: no text, a timestamp >= it (the same one allowed) or eot.
@@ -857,15 +950,30 @@ mod tests {
         // The same through the loop, with a model that keeps asking for timestamps that the
         // rules forbid: <|0.50|> is its favourite, <|0.40|> second, <|0.60|> third.
         let model = |_: &Ctx| {
-            logits_with(-100.0, &[(ts(0.5), 10.0), (ts(0.4), 9.0), (ts(0.6), 8.0), (W[1], 5.0), (EOT, 4.0)])
+            logits_with(
+                -100.0,
+                &[
+                    (ts(0.5), 10.0),
+                    (ts(0.4), 9.0),
+                    (ts(0.6), 8.0),
+                    (W[1], 5.0),
+                    (EOT, 4.0),
+                ],
+            )
         };
         let mut src = mock_with_suppress(model);
-        let o = DecodeOptions { sample_len: 7, ..opts() };
+        let o = DecodeOptions {
+            sample_len: 7,
+            ..opts()
+        };
         let out = decode_window(&mut src, &[SOT], &sp(), BLANK, &o).unwrap();
         // <|0.50|> first; text after the pair; after text only > <|0.50|>, and <|0.60|>'s
         // mass beats the text; after that lone timestamp, <|0.60|> may repeat (closing the
         // pair); then text, and <|0.60|> is no longer allowed.
-        assert_eq!(out.tokens, vec![ts(0.5), W[1], ts(0.6), ts(0.6), W[1], W[1], W[1]]);
+        assert_eq!(
+            out.tokens,
+            vec![ts(0.5), W[1], ts(0.6), ts(0.6), W[1], W[1], W[1]]
+        );
     }
 
     #[test]
@@ -884,9 +992,21 @@ mod tests {
                 }
             };
             let mut src = mock_with_suppress(model);
-            let o = DecodeOptions { sample_len: 3, ..opts() };
+            let o = DecodeOptions {
+                sample_len: 3,
+                ..opts()
+            };
             let out = decode_window(&mut src, &[SOT], &sp(), BLANK, &o).unwrap();
-            let scores = select(&model(&Ctx { window: 0, history: &[], sampled: &[TS0, W[0]] }), &src.calls[2].1, &src.suppress, &sp());
+            let scores = select(
+                &model(&Ctx {
+                    window: 0,
+                    history: &[],
+                    sampled: &[TS0, W[0]],
+                }),
+                &src.calls[2].1,
+                &src.suppress,
+                &sp(),
+            );
             (out, scores)
         };
         // 20 timestamps: log(20 e^3) = 6.0 > 5, so text is masked and the first (lowest id)
@@ -900,7 +1020,11 @@ mod tests {
         let (out, s) = run(2);
         assert_eq!(out.tokens[2], W[1]);
         let whole = log_add_exp(f64::from(s.text_lse), f64::from(s.ts_lse));
-        assert!((out.sum_logprob - (5.0 - whole)).abs() < 1e-4, "{}", out.sum_logprob);
+        assert!(
+            (out.sum_logprob - (5.0 - whole)).abs() < 1e-4,
+            "{}",
+            out.sum_logprob
+        );
     }
 
     #[test]
@@ -911,14 +1035,27 @@ mod tests {
             _ => logits_with(0.0, &[(BLANK, 10.0), (EOT, 9.0)]),
         };
         let mut src = mock_with_suppress(model);
-        let o = DecodeOptions { timestamps: false, sample_len: 2, ..opts() };
+        let o = DecodeOptions {
+            timestamps: false,
+            sample_len: 2,
+            ..opts()
+        };
         let out = decode_window(&mut src, &[SOT, NO_TS], &sp(), BLANK, &o).unwrap();
-        assert_eq!(out.tokens, vec![W[0], BLANK], "masked at the first step, allowed after");
+        assert_eq!(
+            out.tokens,
+            vec![W[0], BLANK],
+            "masked at the first step, allowed after"
+        );
         assert_eq!(src.calls[1].1.extra_suppress, [BLANK, EOT]);
         assert_eq!(src.calls[2].1.extra_suppress, [NONE, NONE]);
 
         let mut src = mock_with_suppress(model);
-        let o = DecodeOptions { timestamps: false, suppress_blank: false, sample_len: 2, ..opts() };
+        let o = DecodeOptions {
+            timestamps: false,
+            suppress_blank: false,
+            sample_len: 2,
+            ..opts()
+        };
         let out = decode_window(&mut src, &[SOT, NO_TS], &sp(), BLANK, &o).unwrap();
         assert_eq!(out.tokens, vec![BLANK, BLANK]);
     }
@@ -935,7 +1072,11 @@ mod tests {
             }
         };
         let mut src = mock_with_suppress(model);
-        let o = DecodeOptions { timestamps: false, sample_len: 2, ..opts() };
+        let o = DecodeOptions {
+            timestamps: false,
+            sample_len: 2,
+            ..opts()
+        };
         let prompt = build_prompt(&sp(), &[SOT], &[], false, 448);
         assert_eq!(prompt, vec![SOT, NO_TS]);
         let out = decode_window(&mut src, &prompt, &sp(), BLANK, &o).unwrap();
@@ -947,16 +1088,34 @@ mod tests {
             assert!(!r.mask_text && !r.mask_non_timestamps);
             assert_eq!((r.ts_lo, r.ts_hi), (TS0, VOCAB));
         }
-        let at_sot = model(&Ctx { window: 0, history: &[SOT], sampled: &[] });
+        let at_sot = model(&Ctx {
+            window: 0,
+            history: &[SOT],
+            sampled: &[],
+        });
         let expected = (12.0 - lse(at_sot.iter().copied())).exp();
-        assert!((out.no_speech_prob - expected).abs() < 1e-6, "{} vs {expected}", out.no_speech_prob);
+        assert!(
+            (out.no_speech_prob - expected).abs() < 1e-6,
+            "{} vs {expected}",
+            out.no_speech_prob
+        );
         assert!(out.no_speech_prob > 0.5);
 
         // With timestamps and a previous-text prompt, sot is the last prompt token: one pass.
         let mut src = mock_with_suppress(model);
         let prompt = build_prompt(&sp(), &[SOT], &[W[2], W[3]], true, 448);
         assert_eq!(prompt, vec![SOT_PREV, W[2], W[3], SOT]);
-        let out2 = decode_window(&mut src, &prompt, &sp(), BLANK, &DecodeOptions { sample_len: 1, ..opts() }).unwrap();
+        let out2 = decode_window(
+            &mut src,
+            &prompt,
+            &sp(),
+            BLANK,
+            &DecodeOptions {
+                sample_len: 1,
+                ..opts()
+            },
+        )
+        .unwrap();
         assert_eq!(src.calls[0].0, prompt);
         assert!((out2.no_speech_prob - expected).abs() < 1e-6);
     }
@@ -969,16 +1128,36 @@ mod tests {
         let out = decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()).unwrap();
         assert_eq!(out.tokens, vec![TS0, W[0], W[1], ts(1.0)]);
         assert_eq!(out.steps, 5);
-        assert_eq!(src.calls.len(), 5, "one pass per step: the prompt, then 4 tokens (none for the eot)");
+        assert_eq!(
+            src.calls.len(),
+            5,
+            "one pass per step: the prompt, then 4 tokens (none for the eot)"
+        );
         assert!(out.sum_logprob < 0.0 && out.sum_logprob > -1e-3);
-        assert!((out.avg_logprob - out.sum_logprob / 5.0).abs() < 1e-12, "avg = sum / (n + 1)");
+        assert!(
+            (out.avg_logprob - out.sum_logprob / 5.0).abs() < 1e-12,
+            "avg = sum / (n + 1)"
+        );
 
         // A model that never ends: sample_len tokens.
         let endless = |c: &Ctx| {
-            logits_with(0.0, &[(if c.sampled.is_empty() { TS0 } else { W[0] }, 20.0)])
+            logits_with(
+                0.0,
+                &[(if c.sampled.is_empty() { TS0 } else { W[0] }, 20.0)],
+            )
         };
         let mut src = mock_with_suppress(endless);
-        let out = decode_window(&mut src, &[SOT], &sp(), BLANK, &DecodeOptions { sample_len: 3, ..opts() }).unwrap();
+        let out = decode_window(
+            &mut src,
+            &[SOT],
+            &sp(),
+            BLANK,
+            &DecodeOptions {
+                sample_len: 3,
+                ..opts()
+            },
+        )
+        .unwrap();
         assert_eq!(out.tokens, vec![TS0, W[0], W[0]]);
         assert_eq!(src.calls.len(), 3);
         // The default: 224 tokens, half the context.
@@ -997,12 +1176,19 @@ mod tests {
         assert_eq!(src.history.len(), 10);
         // No room at all is an error, not a panic.
         src.max_positions = 6;
-        assert!(matches!(decode_window(&mut src, &prompt, &sp(), BLANK, &opts()), Err(Error::Invalid(_))));
+        assert!(matches!(
+            decode_window(&mut src, &prompt, &sp(), BLANK, &opts()),
+            Err(Error::Invalid(_))
+        ));
 
         // An immediate eot (possible without timestamps and suppress_blank) gives
         // faster-whisper's NaN average.
         let mut src = mock_with_suppress(|_: &Ctx| logits_with(0.0, &[(EOT, 20.0)]));
-        let o = DecodeOptions { timestamps: false, suppress_blank: false, ..opts() };
+        let o = DecodeOptions {
+            timestamps: false,
+            suppress_blank: false,
+            ..opts()
+        };
         let out = decode_window(&mut src, &[SOT, NO_TS], &sp(), BLANK, &o).unwrap();
         assert!(out.tokens.is_empty() && out.avg_logprob.is_nan() && out.steps == 1);
     }
@@ -1012,10 +1198,16 @@ mod tests {
         // Every token masked (the static list covers everything): an error, not id u32::MAX.
         let mut src = Mock::new(|_: &Ctx| logits_with(0.0, &[]));
         src.suppress = (0..VOCAB).collect();
-        assert!(matches!(decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()), Err(Error::Invalid(_))));
+        assert!(matches!(
+            decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()),
+            Err(Error::Invalid(_))
+        ));
         // NaN logits.
         let mut src = mock_with_suppress(|_: &Ctx| logits_with(f32::NAN, &[]));
-        assert!(matches!(decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()), Err(Error::Invalid(_))));
+        assert!(matches!(
+            decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()),
+            Err(Error::Invalid(_))
+        ));
         // Prompts without sot, or with a forced prefix after the start sequence.
         let mut src = mock_with_suppress(|_: &Ctx| logits_with(0.0, &[]));
         assert!(decode_window(&mut src, &[SOT_PREV, W[0]], &sp(), BLANK, &opts()).is_err());
@@ -1031,10 +1223,27 @@ mod tests {
         let (segs, seek, single) = split_segments(&tokens, TS0, 10.0, 3000, 30.0, 1000);
         assert!(!single);
         assert_eq!(seek, 1000 + 500);
-        assert_eq!(segs, vec![
-            RawSegment { start: 10.0, end: 10.0 + 100.0 * 0.02, tokens: vec![TS0, a, b, ts(2.0)] },
-            RawSegment { start: 10.0 + 100.0 * 0.02, end: 10.0 + 250.0 * 0.02, tokens: vec![ts(2.0), c, ts(5.0)] },
-        ]);
+        assert_eq!(
+            segs,
+            vec![
+                RawSegment {
+                    start: 10.0,
+                    end: 10.0 + 100.0 * 0.02,
+                    tokens: vec![TS0, a, b, ts(2.0)]
+                },
+                RawSegment {
+                    start: 10.0 + 100.0 * 0.02,
+                    end: 10.0 + 250.0 * 0.02,
+                    tokens: vec![ts(2.0), c, ts(5.0)]
+                },
+            ]
+        );
+        // The two timestamps of a pair may differ: a segment ends at the first, the next
+        // starts at the second, and the seek goes to the first of the last pair.
+        let tokens = [TS0, a, ts(2.0), ts(2.5), b, ts(5.0), ts(5.2), c];
+        let (segs, seek, _) = split_segments(&tokens, TS0, 0.0, 3000, 30.0, 0);
+        assert_eq!(seek, 500);
+        assert_eq!((segs[0].end, segs[1].start, segs[1].end), (2.0, 2.5, 5.0));
         // Ending in a single timestamp: the last segment is complete, the seek skips the
         // whole window.
         let tokens = [TS0, a, ts(2.0), ts(2.0), b, ts(4.0)];
@@ -1042,13 +1251,27 @@ mod tests {
         assert!(single);
         assert_eq!(seek, 2500);
         assert_eq!(segs.len(), 2);
-        assert_eq!(segs[1], RawSegment { start: 2.0, end: 4.0, tokens: vec![ts(2.0), b, ts(4.0)] });
+        assert_eq!(
+            segs[1],
+            RawSegment {
+                start: 2.0,
+                end: 4.0,
+                tokens: vec![ts(2.0), b, ts(4.0)]
+            }
+        );
         // No consecutive timestamps: one segment from the window start (not from its first
         // timestamp) to its last timestamp.
         let tokens = [ts(0.4), a, b, ts(3.0)];
         let (segs, seek, _) = split_segments(&tokens, TS0, 20.0, 3000, 30.0, 2000);
         assert_eq!(seek, 5000);
-        assert_eq!(segs, vec![RawSegment { start: 20.0, end: 20.0 + 150.0 * 0.02, tokens: tokens.to_vec() }]);
+        assert_eq!(
+            segs,
+            vec![RawSegment {
+                start: 20.0,
+                end: 20.0 + 150.0 * 0.02,
+                tokens: tokens.to_vec()
+            }]
+        );
         // ... or to the window end when the only timestamp is <|0.00|>, or there is none.
         let (segs, _, _) = split_segments(&[TS0, a], TS0, 20.0, 1234, 12.34, 2000);
         assert_eq!((segs[0].start, segs[0].end), (20.0, 20.0 + 12.34));
@@ -1063,12 +1286,20 @@ mod tests {
         for _ in 0..80 {
             data.extend((0..n_frames).map(|f| (f + 1) as f32));
         }
-        LogMel { n_mels: 80, n_frames, data }
+        LogMel {
+            n_mels: 80,
+            n_frames,
+            data,
+        }
     }
 
     fn real_tokenizer() -> WhisperTokenizer {
         let path = crate::models::whisper::default_model_dir().join("tokenizer.json");
-        assert!(path.is_file(), "{} is missing: install the default model or set VERBATIM_MODEL_DIR", path.display());
+        assert!(
+            path.is_file(),
+            "{} is missing: install the default model or set VERBATIM_MODEL_DIR",
+            path.display()
+        );
         let tok = WhisperTokenizer::from_file(&path, VOCAB).unwrap();
         assert_eq!(*tok.special(), sp(), "the tests' layout is tiny.en's");
         tok
@@ -1090,19 +1321,27 @@ mod tests {
         let mel = counting_mel(7001); // 7000 content frames: the last STFT frame is dropped
         let mut fractions = Vec::new();
         let suppress = suppress_list(&[], &sp());
-        let (segs, stats) =
-            transcribe(&mut src, &mel, &tok, &suppress, &opts(), &mut |f| fractions.push(f)).unwrap();
+        let (segs, stats) = transcribe(&mut src, &mel, &tok, &suppress, &opts(), &mut |f| {
+            fractions.push(f)
+        })
+        .unwrap();
 
         assert_eq!(src.windows, vec![(0, 3000), (2000, 3000), (5000, 2000)]);
-        assert_eq!(src.suppress, suppress, "the suppress list reaches the source");
+        assert_eq!(
+            src.suppress, suppress,
+            "the suppress list reaches the source"
+        );
         let times: Vec<(f64, f64)> = segs.iter().map(|s| (s.start, s.end)).collect();
-        assert_eq!(times, vec![
-            (0.0, 0.0 + 250.0 * 0.02),
-            (250.0 * 0.02, 1000.0 * 0.02),
-            (2000.0 * 0.01, 2000.0 * 0.01 + 500.0 * 0.02),
-            (2000.0 * 0.01 + 500.0 * 0.02, 2000.0 * 0.01 + 600.0 * 0.02),
-            (5000.0 * 0.01, 5000.0 * 0.01 + 2000.0 * 0.01),
-        ]);
+        assert_eq!(
+            times,
+            vec![
+                (0.0, 0.0 + 250.0 * 0.02),
+                (250.0 * 0.02, 1000.0 * 0.02),
+                (2000.0 * 0.01, 2000.0 * 0.01 + 500.0 * 0.02),
+                (2000.0 * 0.01 + 500.0 * 0.02, 2000.0 * 0.01 + 600.0 * 0.02),
+                (5000.0 * 0.01, 5000.0 * 0.01 + 2000.0 * 0.01),
+            ]
+        );
         assert_eq!(segs[0].text, " When");
         assert_eq!(segs[0].tokens, vec![TS0, a, ts(5.0)]);
         assert_eq!(segs[4].text, " When forty");
@@ -1115,11 +1354,16 @@ mod tests {
         // the dropped tail of window 0).
         let p = src.prompts();
         assert_eq!(p[0], vec![SOT]);
-        assert_eq!(p[1], vec![SOT_PREV, TS0, a, ts(5.0), ts(5.0), b, ts(20.0), SOT]);
+        assert_eq!(
+            p[1],
+            vec![SOT_PREV, TS0, a, ts(5.0), ts(5.0), b, ts(20.0), SOT]
+        );
         let mut third = vec![SOT_PREV, TS0, a, ts(5.0), ts(5.0), b, ts(20.0)];
         third.extend([TS0, d, ts(10.0), ts(10.0), e, ts(12.0), SOT]);
         assert_eq!(p[2], third);
-        assert!(segs.iter().all(|s| s.no_speech_prob < 0.01 && s.avg_logprob > -0.01));
+        assert!(segs
+            .iter()
+            .all(|s| s.no_speech_prob < 0.01 && s.avg_logprob > -0.01));
     }
 
     #[test]
@@ -1136,17 +1380,31 @@ mod tests {
         ];
         // condition_on_previous_text: the prompts hold the emitted segments only.
         let mut src = Mock::new(scripted(script.clone(), 20.0));
-        let (segs, _) = transcribe(&mut src, &counting_mel(4001), &tok, &[], &opts(), &mut |_| {}).unwrap();
+        let (segs, _) = transcribe(
+            &mut src,
+            &counting_mel(4001),
+            &tok,
+            &[],
+            &opts(),
+            &mut |_| {},
+        )
+        .unwrap();
         assert_eq!(src.windows, vec![(0, 3000), (400, 3000), (3400, 600)]);
         let texts: Vec<&str> = segs.iter().map(|s| s.text.as_str()).collect();
         assert_eq!(texts, vec![" When", " forty"]);
         assert_eq!((segs[1].start, segs[1].end), (4.0, 5.0));
         let p = src.prompts();
         assert_eq!(p[1], vec![SOT_PREV, TS0, W[0], ts(2.0), SOT]);
-        assert_eq!(p[2], vec![SOT_PREV, TS0, W[0], ts(2.0), TS0, W[1], ts(1.0), SOT]);
+        assert_eq!(
+            p[2],
+            vec![SOT_PREV, TS0, W[0], ts(2.0), TS0, W[1], ts(1.0), SOT]
+        );
         // Without it, every window starts from [sot].
         let mut src = Mock::new(scripted(script, 20.0));
-        let o = DecodeOptions { condition_on_previous_text: false, ..opts() };
+        let o = DecodeOptions {
+            condition_on_previous_text: false,
+            ..opts()
+        };
         transcribe(&mut src, &counting_mel(4001), &tok, &[], &o, &mut |_| {}).unwrap();
         assert_eq!(src.prompts(), vec![vec![SOT], vec![SOT], vec![SOT]]);
     }
@@ -1171,7 +1429,10 @@ mod tests {
         }
         let script = vec![first.clone(), vec![TS0, W[0], EOT]];
         let mut src = Mock::new(scripted(script, 20.0));
-        let o = DecodeOptions { sample_len: 448, ..opts() };
+        let o = DecodeOptions {
+            sample_len: 448,
+            ..opts()
+        };
         transcribe(&mut src, &counting_mel(6001), &tok, &[], &o, &mut |_| {}).unwrap();
         let p = &src.prompts()[1];
         assert_eq!(p.len(), 225);
@@ -1199,26 +1460,49 @@ mod tests {
         };
         let mut src = Mock::new(model);
         let mut fractions = Vec::new();
-        let (segs, stats) =
-            transcribe(&mut src, &counting_mel(4501), &tok, &[], &opts(), &mut |f| fractions.push(f)).unwrap();
-        assert_eq!(src.windows, vec![(0, 3000), (3000, 1500)], "a skip moves the seek a whole window");
+        let (segs, stats) = transcribe(
+            &mut src,
+            &counting_mel(4501),
+            &tok,
+            &[],
+            &opts(),
+            &mut |f| fractions.push(f),
+        )
+        .unwrap();
+        assert_eq!(
+            src.windows,
+            vec![(0, 3000), (3000, 1500)],
+            "a skip moves the seek a whole window"
+        );
         assert_eq!(segs.len(), 1);
         assert_eq!((segs[0].start, segs[0].text.as_str()), (30.0, " forty"));
         assert!(segs[0].no_speech_prob > 0.99);
-        assert_eq!(src.prompts()[1], vec![SOT], "a skipped window adds nothing to the prompt");
+        assert_eq!(
+            src.prompts()[1],
+            vec![SOT],
+            "a skipped window adds nothing to the prompt"
+        );
         assert_eq!(fractions, vec![3000.0 / 4500.0, 1.0]);
         assert_eq!(stats.windows, 2);
 
         // Without a no-speech threshold nothing is skipped.
         let mut src = Mock::new(model);
-        let o = DecodeOptions { no_speech_threshold: None, ..opts() };
-        let (segs, _) = transcribe(&mut src, &counting_mel(4501), &tok, &[], &o, &mut |_| {}).unwrap();
+        let o = DecodeOptions {
+            no_speech_threshold: None,
+            ..opts()
+        };
+        let (segs, _) =
+            transcribe(&mut src, &counting_mel(4501), &tok, &[], &o, &mut |_| {}).unwrap();
         assert_eq!(segs.len(), 2);
         assert!(segs[0].avg_logprob < -1.0);
         // Without a log-prob threshold the confident window is skipped too.
         let mut src = Mock::new(model);
-        let o = DecodeOptions { logprob_threshold: None, ..opts() };
-        let (segs, _) = transcribe(&mut src, &counting_mel(4501), &tok, &[], &o, &mut |_| {}).unwrap();
+        let o = DecodeOptions {
+            logprob_threshold: None,
+            ..opts()
+        };
+        let (segs, _) =
+            transcribe(&mut src, &counting_mel(4501), &tok, &[], &o, &mut |_| {}).unwrap();
         assert!(segs.is_empty());
     }
 
@@ -1226,10 +1510,21 @@ mod tests {
     fn decode_transcribe_rejects_mismatched_mel() {
         let tok = real_tokenizer();
         let mut src = Mock::new(|_: &Ctx| logits_with(0.0, &[]));
-        let mel = LogMel { n_mels: 128, n_frames: 10, data: vec![0.0; 1280] };
-        assert!(matches!(transcribe(&mut src, &mel, &tok, &[], &opts(), &mut |_| {}), Err(Error::Invalid(_))));
+        let mel = LogMel {
+            n_mels: 128,
+            n_frames: 10,
+            data: vec![0.0; 1280],
+        };
+        assert!(matches!(
+            transcribe(&mut src, &mel, &tok, &[], &opts(), &mut |_| {}),
+            Err(Error::Invalid(_))
+        ));
         // An empty spectrogram is no windows, not an error.
-        let mel = LogMel { n_mels: 80, n_frames: 1, data: vec![0.0; 80] };
+        let mel = LogMel {
+            n_mels: 80,
+            n_frames: 1,
+            data: vec![0.0; 80],
+        };
         let (segs, stats) = transcribe(&mut src, &mel, &tok, &[], &opts(), &mut |_| {}).unwrap();
         assert!(segs.is_empty() && stats.windows == 0);
     }
@@ -1262,9 +1557,17 @@ mod tests {
         assert_eq!(&list[..4], &[1, 2, 7, 8]);
         // The task tokens sit right before <|startofprev|>, as suppress_list assumes.
         let [transcribe, translate, sot_lm] = tok.task_ids();
-        assert_eq!([translate, transcribe, sot_lm], [SOT_PREV - 3, SOT_PREV - 2, SOT_PREV - 1]);
+        assert_eq!(
+            [translate, transcribe, sot_lm],
+            [SOT_PREV - 3, SOT_PREV - 2, SOT_PREV - 1]
+        );
         // suppress_ids_begin is [" ", eot]: what suppress_blank masks.
-        let begin: Vec<u64> = config["suppress_ids_begin"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let begin: Vec<u64> = config["suppress_ids_begin"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         assert_eq!(begin, vec![u64::from(tok.blank_id()), u64::from(EOT)]);
     }
 }

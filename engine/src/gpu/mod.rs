@@ -201,6 +201,11 @@ impl Gpu {
     /// Compile (once) and return the kernel `name` from WGSL `source`, entry point `main`.
     /// `bindings` lists bindings 1.. in order; binding 0 is the uniform parameter block.
     pub fn kernel(&self, name: &'static str, source: &str, bindings: &[Access]) -> Result<Arc<Kernel>> {
+        self.kernel_entry(name, source, "main", bindings)
+    }
+
+    /// As [`Gpu::kernel`], for a module with several entry points.
+    pub fn kernel_entry(&self, name: &'static str, source: &str, entry: &str, bindings: &[Access]) -> Result<Arc<Kernel>> {
         if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
             return Ok(k.clone());
         }
@@ -244,7 +249,7 @@ impl Gpu {
             label: Some(name),
             layout: Some(&pl),
             module: &module,
-            entry_point: Some("main"),
+            entry_point: Some(entry),
             compilation_options: Default::default(),
             cache: None,
         });

@@ -110,3 +110,128 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         o[ob + lid + WG] = acc1 / l;
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Tiled variant for many queries (the encoder's 1500, a long prefill): one thread owns one
+// query of one head; a workgroup of 32 queries shares chunks of 16 keys and values staged
+// in workgroup memory (read once per 32 queries instead of once per query; every thread
+// reads the same staged element at once: a broadcast). Each thread keeps its own online
+// softmax, so there is no cross-thread reduction and two barriers per chunk.
+//
+// The head is handled as 16 vec4s with the inner loops unrolled by 4: lavapipe (gallivm)
+// caps every loop at 65535 iterations per invocation, counted over the whole dispatch, and
+// silently stops there; a scalar loop over 64 dims per key hit that cap past ~500 keys.
+// Per-query state (q, the accumulator) lives in workgroup memory, rows padded by one vec4.
+// head_dim <= 64 and a multiple of 4 (zero-padded to 64).
+
+const TQ: u32 = 32u;
+const CH: u32 = 16u;
+const TD4: u32 = 16u;
+const RS4: u32 = 17u;
+
+var<workgroup> ks: array<vec4<f32>, 256>; // [CH][TD4]
+var<workgroup> vs: array<vec4<f32>, 256>;
+var<workgroup> qsh: array<vec4<f32>, 544>; // [TQ][RS4]
+var<workgroup> accs: array<vec4<f32>, 544>;
+var<workgroup> ssh: array<f32, 512>; // [TQ][CH]
+
+fn load4(buf_is_k: bool, base: u32) -> vec4<f32> {
+    if (buf_is_k) {
+        return vec4<f32>(k[base], k[base + 1u], k[base + 2u], k[base + 3u]);
+    }
+    return vec4<f32>(v[base], v[base + 1u], v[base + 2u], v[base + 3u]);
+}
+
+@compute @workgroup_size(32)
+fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wg.y;
+    let q_first = wg.x * TQ;
+    let qi = q_first + lid;
+    let live = qi < p.tq;
+    let d4 = p.d / 4u;
+    let row = lid * RS4;
+    for (var c = 0u; c < TD4; c++) {
+        accs[row + c] = vec4<f32>(0.0);
+        qsh[row + c] = vec4<f32>(0.0);
+    }
+    if (live) {
+        let qb = p.q_off + qi * p.q_stride + h * p.d;
+        for (var c = 0u; c < d4; c++) {
+            qsh[row + c] = vec4<f32>(q[qb + 4u * c], q[qb + 4u * c + 1u], q[qb + 4u * c + 2u], q[qb + 4u * c + 3u]) * p.scale;
+        }
+    }
+    // Keys this query may see, and (uniform) the keys any query of the workgroup may see.
+    var kmax = p.tk;
+    var kend = p.tk;
+    if (p.causal != 0u) {
+        kmax = min(p.tk, qi + p.causal_offset + 1u);
+        kend = min(p.tk, min(q_first + TQ, p.tq) + p.causal_offset);
+    }
+    var m = NEG;
+    var l = 0.0;
+    for (var j0 = 0u; j0 < kend; j0 += CH) {
+        let cnt = min(CH, kend - j0);
+        for (var e = lid; e < CH * TD4; e += TQ) {
+            let jj = e / TD4;
+            let c = e % TD4;
+            var kv_k = vec4<f32>(0.0);
+            var kv_v = vec4<f32>(0.0);
+            if (jj < cnt && c < d4) {
+                kv_k = load4(true, p.k_off + (j0 + jj) * p.k_stride + h * p.d + 4u * c);
+                kv_v = load4(false, p.v_off + (j0 + jj) * p.v_stride + h * p.d + 4u * c);
+            }
+            ks[e] = kv_k;
+            vs[e] = kv_v;
+        }
+        workgroupBarrier();
+        if (live && kmax > j0) {
+            let lim = min(cnt, kmax - j0);
+            var cmax = NEG;
+            for (var jj = 0u; jj < lim; jj++) {
+                var a = vec4<f32>(0.0);
+                let kb = jj * TD4;
+                for (var c = 0u; c < TD4; c += 4u) {
+                    a = fma(qsh[row + c], ks[kb + c], a);
+                    a = fma(qsh[row + c + 1u], ks[kb + c + 1u], a);
+                    a = fma(qsh[row + c + 2u], ks[kb + c + 2u], a);
+                    a = fma(qsh[row + c + 3u], ks[kb + c + 3u], a);
+                }
+                let sc = a.x + a.y + a.z + a.w;
+                ssh[lid * CH + jj] = sc;
+                cmax = max(cmax, sc);
+            }
+            let mnew = max(m, cmax);
+            let corr = exp(max(m - mnew, -80.0));
+            l *= corr;
+            for (var c = 0u; c < TD4; c += 4u) {
+                accs[row + c] *= corr;
+                accs[row + c + 1u] *= corr;
+                accs[row + c + 2u] *= corr;
+                accs[row + c + 3u] *= corr;
+            }
+            for (var jj = 0u; jj < lim; jj++) {
+                let pj = exp(ssh[lid * CH + jj] - mnew);
+                l += pj;
+                let vb = jj * TD4;
+                for (var c = 0u; c < TD4; c += 4u) {
+                    accs[row + c] = fma(vec4<f32>(pj), vs[vb + c], accs[row + c]);
+                    accs[row + c + 1u] = fma(vec4<f32>(pj), vs[vb + c + 1u], accs[row + c + 1u]);
+                    accs[row + c + 2u] = fma(vec4<f32>(pj), vs[vb + c + 2u], accs[row + c + 2u]);
+                    accs[row + c + 3u] = fma(vec4<f32>(pj), vs[vb + c + 3u], accs[row + c + 3u]);
+                }
+            }
+            m = mnew;
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        let ob = p.o_off + qi * p.o_stride + h * p.d;
+        for (var c = 0u; c < d4; c++) {
+            let r = accs[row + c] / l;
+            o[ob + 4u * c] = r.x;
+            o[ob + 4u * c + 1u] = r.y;
+            o[ob + 4u * c + 2u] = r.z;
+            o[ob + 4u * c + 3u] = r.w;
+        }
+    }
+}

@@ -1,6 +1,8 @@
 // Decoder input: x[i][c] = embedding[token[i]][c] + position[pos0 + i][c].
-// The embedding table is the f16 [vocab][d] matrix that also projects to logits (tied),
-// packed in u32 pairs; positions are f32 [ctx][d]. One thread per pair of channels.
+// The embedding table is the f16 matrix that also projects to logits (tied), stored
+// k-major like every weight ([d][vocab], pairs packed along the vocabulary), so a token's
+// row is a strided column here: d reads per token, negligible next to the projection,
+// which reads the whole table. Positions are f32 [ctx][d]. One thread per pair of channels.
 
 struct Params {
     n_tok: u32, d: u32, pos0: u32, vocab: u32,
@@ -22,9 +24,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     // An out-of-range id would read another row; clamp (the host validates ids anyway).
     let t = min(tokens[i], p.vocab - 1u);
-    let e = unpack2x16float(emb[t * half_d + cw]);
-    let pb = (p.pos0 + i) * p.d + 2u * cw;
-    let xb = i * p.d + 2u * cw;
-    x[xb] = e.x + pos[pb];
-    x[xb + 1u] = e.y + pos[pb + 1u];
+    let vw = p.vocab / 2u;
+    let c = 2u * cw;
+    let e0 = unpack2x16float(emb[c * vw + t / 2u]);
+    let e1 = unpack2x16float(emb[(c + 1u) * vw + t / 2u]);
+    var a = e0.x;
+    var b = e1.x;
+    if ((t & 1u) != 0u) {
+        a = e0.y;
+        b = e1.y;
+    }
+    let pb = (p.pos0 + i) * p.d + c;
+    let xb = i * p.d + c;
+    x[xb] = a + pos[pb];
+    x[xb + 1u] = b + pos[pb + 1u];
 }

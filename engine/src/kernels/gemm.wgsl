@@ -1,7 +1,9 @@
 // Tiled GEMM with f16 weights: Y[m][n] (=|+=) act(sum_k X[m][k] * W[n][k] + b[n]).
 //
-// W is row-major [N][K] (PyTorch / CTranslate2 Linear layout) stored as f16 pairs packed in
-// u32 words and read with unpack2x16float, so no SHADER_F16 feature is needed; K is even.
+// W is stored transposed, [K][N] (k-major), as f16 pairs packed in u32 words along N and
+// read with unpack2x16float, so no SHADER_F16 feature is needed; N is even. The k-major
+// layout makes every weight read contiguous across neighbouring threads, both here (a tile
+// row) and in the GEMV kernel (one column pair per thread, no cross-thread reduction).
 // X and Y are f32. One workgroup computes a 64x64 tile of Y from 16-deep slices of X and W
 // staged in workgroup memory (each weight word read from memory once per 64 rows of X);
 // each of the 256 threads owns a 4x4 block, rows ty+16i and columns tx+16j so that the
@@ -71,7 +73,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             acc[i][j] = 0.0;
         }
     }
-    let kw = p.k / 2u;
+    let nw = p.n / 2u;
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         // X tile: 64 rows x 16 columns, 4 elements per thread.
         for (var i = 0u; i < 4u; i++) {
@@ -80,19 +82,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             let c = e % BK;
             xs[c * BM + r] = load_x(row0 + r, k0 + c);
         }
-        // W tile: 64 rows x 8 words (16 halves), 2 words per thread.
+        // W tile: 16 k-rows x 32 words (64 columns), 2 words per thread.
         for (var i = 0u; i < 2u; i++) {
             let e = lid + i * 256u;
-            let r = e / 8u;
-            let cw = e % 8u;
-            let n = col0 + r;
-            let kk = k0 + cw * 2u;
+            let kr = e / 32u;
+            let cw = e % 32u;
+            let n = col0 + 2u * cw;
+            let kk = k0 + kr;
             var pair = vec2<f32>(0.0, 0.0);
             if (n < p.n && kk < p.k) {
-                pair = unpack2x16float(w[n * kw + kk / 2u]);
+                pair = unpack2x16float(w[kk * nw + n / 2u]);
             }
-            ws[(cw * 2u) * BN + r] = pair.x;
-            ws[(cw * 2u + 1u) * BN + r] = pair.y;
+            ws[kr * BN + 2u * cw] = pair.x;
+            ws[kr * BN + 2u * cw + 1u] = pair.y;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {

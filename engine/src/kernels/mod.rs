@@ -17,6 +17,10 @@ use crate::{Error, Result};
 /// Largest number of activation rows the GEMV kernel takes; more go to the tiled GEMM.
 pub const GEMV_MAX_ROWS: u32 = 8;
 
+/// Above this many queries the tiled attention (a thread per query, keys staged per
+/// workgroup) beats one workgroup per query.
+pub const ATTENTION_TILED_MIN_QUERIES: u32 = 8;
+
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
 const GEMM_FLAG_ACCUMULATE: u32 = 4;
@@ -32,7 +36,10 @@ fn grid_1d(groups: u32) -> [u32; 2] {
     }
 }
 
-/// A weight matrix on the GPU: f16 [n][k] row-major, packed two halves per u32.
+/// A weight matrix on the GPU. The model's [n][k] (output-major, as PyTorch and
+/// CTranslate2 store a Linear) is uploaded transposed to k-major [k][n], f16 pairs packed
+/// along n in u32 words: the GEMV kernel then gives each thread a column pair and every
+/// read is contiguous across threads (see gemv.wgsl). n must be even.
 pub struct F16Matrix {
     pub buf: Buffer,
     pub n: u32,
@@ -40,14 +47,27 @@ pub struct F16Matrix {
 }
 
 impl F16Matrix {
+    /// Upload `bits` (f16, row-major [n][k]) transposed.
     pub fn from_bits(gpu: &Gpu, label: &str, bits: &[u16], n: usize, k: usize) -> Result<Self> {
-        if k % 2 != 0 {
-            return Err(Error::Invalid(format!("{label}: inner dimension {k} must be even for packed f16")));
+        if n % 2 != 0 {
+            return Err(Error::Invalid(format!("{label}: {n} output rows; packed f16 needs an even count")));
         }
         if bits.len() != n * k {
             return Err(Error::Invalid(format!("{label}: {} values for a [{n}, {k}] matrix", bits.len())));
         }
-        Ok(F16Matrix { buf: gpu.upload(label, bytemuck::cast_slice(bits))?, n: n as u32, k: k as u32 })
+        let mut t = vec![0u16; n * k];
+        // Blocked transpose: 64x64 tiles keep both sides in cache for large matrices.
+        const B: usize = 64;
+        for r0 in (0..n).step_by(B) {
+            for c0 in (0..k).step_by(B) {
+                for r in r0..(r0 + B).min(n) {
+                    for c in c0..(c0 + B).min(k) {
+                        t[c * n + r] = bits[r * k + c];
+                    }
+                }
+            }
+        }
+        Ok(F16Matrix { buf: gpu.upload(label, bytemuck::cast_slice(&t))?, n: n as u32, k: k as u32 })
     }
 
     pub fn bytes(&self) -> u64 {
@@ -188,6 +208,7 @@ pub struct Kernels {
     gemv: Arc<Kernel>,
     layernorm: Arc<Kernel>,
     attention: Arc<Kernel>,
+    attention_tiled: Arc<Kernel>,
     embed: Arc<Kernel>,
     copy_rows: Arc<Kernel>,
     select: Arc<Kernel>,
@@ -202,6 +223,7 @@ impl Kernels {
             gemv: gpu.kernel("gemv_f16", include_str!("gemv.wgsl"), &[R, R, R, W])?,
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
+            attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
@@ -245,8 +267,9 @@ impl Kernels {
         };
         let b = bias.unwrap_or(&self.zero);
         if m <= GEMV_MAX_ROWS {
-            let g = grid_1d(w.n.div_ceil(4));
-            rec.dispatch(&self.gemv, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], [g[0], g[1], 1], cost)
+            let groups = (w.n / 2).div_ceil(64);
+            let (gx, gy) = if groups <= 1024 { (groups, 1) } else { (1024, groups.div_ceil(1024)) };
+            rec.dispatch(&self.gemv, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], [gx, gy, 1], cost)
         } else {
             let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
             rec.dispatch(&self.gemm, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
@@ -349,6 +372,10 @@ impl Kernels {
             bytes: a.tq as u64 * (a.tk as u64 * 2 + 2) * hd * 4,
             flops: 4 * a.tq as u64 * a.tk as u64 * hd,
         };
+        let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
+        if a.tq > ATTENTION_TILED_MIN_QUERIES && a.head_dim <= 64 && a.head_dim % 4 == 0 {
+            return rec.dispatch(&self.attention_tiled, bytemuck::bytes_of(&params), &bufs, [a.tq.div_ceil(32), a.heads, 1], cost);
+        }
         let (x, z) = if a.tq <= 32768 { (a.tq, 1) } else { (32768, a.tq.div_ceil(32768)) };
         rec.dispatch(&self.attention, bytemuck::bytes_of(&params), &[a.q.buf, a.k.buf, a.v.buf, a.out.buf], [x, a.heads, z], cost)
     }

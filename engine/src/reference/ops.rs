@@ -56,7 +56,14 @@ where
 }
 
 /// y[m][n] = sum_k x[m][k] * w[n][k] + bias[n]   (w row-major [n][k], as CTranslate2/PyTorch Linear)
-pub fn linear(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+pub fn linear(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     assert_eq!(x.len(), m * k, "linear: x is not [m][k]");
     assert_eq!(w.len(), n * k, "linear: w is not [n][k]");
     if let Some(b) = bias {
@@ -116,7 +123,14 @@ pub fn gelu(x: f32) -> f32 {
 
 /// Row-wise LayerNorm over `cols`: (x - mean) / sqrt(var + eps) * gamma + beta, with the
 /// biased variance (divide by cols) as PyTorch and CTranslate2 use. Two passes in f64.
-pub fn layer_norm(x: &[f32], rows: usize, cols: usize, gamma: &[f32], beta: &[f32], eps: f32) -> Vec<f32> {
+pub fn layer_norm(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+) -> Vec<f32> {
     assert_eq!(x.len(), rows * cols, "layer_norm: x is not [rows][cols]");
     assert_eq!(gamma.len(), cols, "layer_norm: gamma is not [cols]");
     assert_eq!(beta.len(), cols, "layer_norm: beta is not [cols]");
@@ -127,7 +141,8 @@ pub fn layer_norm(x: &[f32], rows: usize, cols: usize, gamma: &[f32], beta: &[f3
         let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / cols as f64;
         let inv = 1.0 / (var + eps as f64).sqrt();
         for c in 0..cols {
-            y[r * cols + c] = ((row[c] as f64 - mean) * inv * gamma[c] as f64 + beta[c] as f64) as f32;
+            y[r * cols + c] =
+                ((row[c] as f64 - mean) * inv * gamma[c] as f64 + beta[c] as f64) as f32;
         }
     }
     y
@@ -151,8 +166,16 @@ pub fn conv1d_k3(
 ) -> Vec<f32> {
     assert!(stride >= 1, "conv1d_k3: stride 0");
     assert!(t_in >= 1, "conv1d_k3: empty input");
-    assert_eq!(input.len(), cin * t_in, "conv1d_k3: input is not [cin][t_in]");
-    assert_eq!(w.len(), cout * cin * 3, "conv1d_k3: weight is not [cout][cin][3]");
+    assert_eq!(
+        input.len(),
+        cin * t_in,
+        "conv1d_k3: input is not [cin][t_in]"
+    );
+    assert_eq!(
+        w.len(),
+        cout * cin * 3,
+        "conv1d_k3: weight is not [cout][cin][3]"
+    );
     let t_out = (t_in + 2 - 3) / stride + 1;
     let kk = cin * 3;
     let mut cols = vec![0f32; t_out * kk];
@@ -270,7 +293,15 @@ mod tests {
         let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
         let w = [1.0, 0.0, -1.0, 2.0, 1.0, 0.0];
         let y = linear(&x, 2, 3, &w, 2, Some(&[10.0, 20.0]));
-        assert_eq!(y, vec![1.0 - 3.0 + 10.0, 2.0 + 2.0 + 20.0, 4.0 - 6.0 + 10.0, 8.0 + 5.0 + 20.0]);
+        assert_eq!(
+            y,
+            vec![
+                1.0 - 3.0 + 10.0,
+                2.0 + 2.0 + 20.0,
+                4.0 - 6.0 + 10.0,
+                8.0 + 5.0 + 20.0
+            ]
+        );
         let y = linear(&x, 2, 3, &w, 2, None);
         assert_eq!(y, vec![-2.0, 4.0, -2.0, 13.0]);
     }
@@ -280,8 +311,12 @@ mod tests {
         // Large enough to take the two-thread path; odd sizes; compared with a plain
         // triple loop (same f64 sums, so equal to rounding of the last add order).
         let (m, k, n) = (67, 129, 515);
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
-        let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 29.0).collect();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 29.0)
+            .collect();
         let b: Vec<f32> = (0..n).map(|i| i as f32 * 0.01).collect();
         assert!(m * n * k >= PARALLEL_MACS / 2);
         let y = linear(&x, m, k, &w, n, Some(&b));
@@ -291,7 +326,10 @@ mod tests {
                 for t in 0..k {
                     s += x[i * k + t] as f64 * w[j * k + t] as f64;
                 }
-                assert!(close(y[i * n + j] as f64, s, 1e-5 * s.abs().max(1.0)), "{i},{j}");
+                assert!(
+                    close(y[i * n + j] as f64, s, 1e-5 * s.abs().max(1.0)),
+                    "{i},{j}"
+                );
             }
         }
         // Batch independence: one row alone gives the same bits as inside the batch.
@@ -319,7 +357,9 @@ mod tests {
     #[test]
     fn layer_norm_normalises_then_applies_affine() {
         let (rows, cols) = (3, 7);
-        let x: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 1.7).sin() * 5.0 + i as f32).collect();
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| (i as f32 * 1.7).sin() * 5.0 + i as f32)
+            .collect();
         let ones = vec![1.0; cols];
         let zeros = vec![0.0; cols];
         let y = layer_norm(&x, rows, cols, &ones, &zeros, 0.0);
@@ -345,7 +385,9 @@ mod tests {
     #[test]
     fn attention_one_key_returns_v() {
         let (heads, d) = (2, 3);
-        let q = [0.3, -1.0, 2.0, 5.0, 0.1, -0.2, 1.0, 1.0, 1.0, -3.0, 0.0, 4.0];
+        let q = [
+            0.3, -1.0, 2.0, 5.0, 0.1, -0.2, 1.0, 1.0, 1.0, -3.0, 0.0, 4.0,
+        ];
         let k = [0.7, 0.2, -0.4, 1.5, 2.5, -1.0];
         let v = [1.0, 2.0, 3.0, -4.0, 5.5, 6.25];
         let out = attention(&q, &k, &v, 2, 1, heads, d, None);
@@ -365,10 +407,17 @@ mod tests {
             let mut out = vec![0f64; tq * w];
             for i in 0..tq {
                 for h in 0..heads {
-                    let allowed: Vec<usize> = (0..tk).filter(|&j| offset.map_or(true, |o| j <= i + o)).collect();
+                    let allowed: Vec<usize> = (0..tk)
+                        .filter(|&j| offset.map_or(true, |o| j <= i + o))
+                        .collect();
                     let s: Vec<f64> = allowed
                         .iter()
-                        .map(|&j| (0..d).map(|c| q[i * w + h * d + c] as f64 * k[j * w + h * d + c] as f64).sum::<f64>() / (d as f64).sqrt())
+                        .map(|&j| {
+                            (0..d)
+                                .map(|c| q[i * w + h * d + c] as f64 * k[j * w + h * d + c] as f64)
+                                .sum::<f64>()
+                                / (d as f64).sqrt()
+                        })
                         .collect();
                     let z: f64 = s.iter().map(|x| x.exp()).sum();
                     for (a, &j) in allowed.iter().enumerate() {
@@ -384,7 +433,12 @@ mod tests {
             let got = attention(&q, &k, &v, tq, tk, heads, d, causal);
             let want = direct(causal);
             for i in 0..tq * w {
-                assert!(close(got[i] as f64, want[i], 1e-6), "{causal:?} {i}: {} vs {}", got[i], want[i]);
+                assert!(
+                    close(got[i] as f64, want[i], 1e-6),
+                    "{causal:?} {i}: {} vs {}",
+                    got[i],
+                    want[i]
+                );
             }
         }
         // Causal offset 2 with tq 3, tk 5 is a KV cache of 2 plus 3 new positions: the
@@ -403,7 +457,9 @@ mod tests {
     fn conv1d_matches_direct_formula() {
         let (cin, t_in, cout) = (2, 7, 3);
         let input: Vec<f32> = (0..cin * t_in).map(|i| i as f32 * 0.5 - 2.0).collect();
-        let w: Vec<f32> = (0..cout * cin * 3).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        let w: Vec<f32> = (0..cout * cin * 3)
+            .map(|i| ((i * 7) % 5) as f32 - 2.0)
+            .collect();
         let bias = [0.5, -1.0, 2.0];
         for stride in [1, 2, 3] {
             for g in [false, true] {
@@ -416,18 +472,37 @@ mod tests {
                         for c in 0..cin {
                             for r in 0..3 {
                                 let p = (t * stride + r) as i64 - 1;
-                                let xv = if p < 0 || p >= t_in as i64 { 0.0 } else { input[c * t_in + p as usize] };
+                                let xv = if p < 0 || p >= t_in as i64 {
+                                    0.0
+                                } else {
+                                    input[c * t_in + p as usize]
+                                };
                                 s += w[o * cin * 3 + c * 3 + r] as f64 * xv as f64;
                             }
                         }
                         let want = if g { gelu(s as f32) } else { s as f32 };
-                        assert!(close(y[t * cout + o] as f64, want as f64, 1e-6), "s{stride} t{t} o{o}");
+                        assert!(
+                            close(y[t * cout + o] as f64, want as f64, 1e-6),
+                            "s{stride} t{t} o{o}"
+                        );
                     }
                 }
             }
         }
         // Hand case: one channel [1,2,3], weight [1,1,1], no bias, stride 1 -> [3,6,5].
-        assert_eq!(conv1d_k3(&[1.0, 2.0, 3.0], 1, 3, &[1.0, 1.0, 1.0], &[0.0], 1, 1, false), vec![3.0, 6.0, 5.0]);
+        assert_eq!(
+            conv1d_k3(
+                &[1.0, 2.0, 3.0],
+                1,
+                3,
+                &[1.0, 1.0, 1.0],
+                &[0.0],
+                1,
+                1,
+                false
+            ),
+            vec![3.0, 6.0, 5.0]
+        );
     }
 
     #[test]

@@ -15,7 +15,11 @@ struct Reduce {
 
 impl Reduce {
     fn new() -> Self {
-        Reduce { best: u32::MAX, max: f32::NEG_INFINITY, ids: Vec::new() }
+        Reduce {
+            best: u32::MAX,
+            max: f32::NEG_INFINITY,
+            ids: Vec::new(),
+        }
     }
 
     fn push(&mut self, id: u32, v: f32) {
@@ -33,7 +37,11 @@ impl Reduce {
             return f32::NEG_INFINITY;
         }
         let m = self.max as f64;
-        let s: f64 = self.ids.iter().map(|&i| (logits[i as usize] as f64 - m).exp()).sum();
+        let s: f64 = self
+            .ids
+            .iter()
+            .map(|&i| (logits[i as usize] as f64 - m).exp())
+            .sum();
         (m + s.ln()) as f32
     }
 }
@@ -53,7 +61,13 @@ impl Reduce {
 ///
 /// Empty sets give max -inf, best u32::MAX, lse -inf; ties go to the lowest id; an
 /// unmasked logit of -inf is treated as masked (see [`Reduce`]).
-pub fn masked_scores(logits: &[f32], suppress: &[u32], rules: &StepRules, timestamp_begin: u32, eot: u32) -> StepScores {
+pub fn masked_scores(
+    logits: &[f32],
+    suppress: &[u32],
+    rules: &StepRules,
+    timestamp_begin: u32,
+    eot: u32,
+) -> StepScores {
     let vocab = logits.len();
     let mut masked = vec![false; vocab];
     for &id in suppress.iter().chain(rules.extra_suppress.iter()) {
@@ -66,7 +80,9 @@ pub fn masked_scores(logits: &[f32], suppress: &[u32], rules: &StepRules, timest
         masked[..text_end].iter_mut().for_each(|m| *m = true);
     }
     if rules.mask_text {
-        masked[..(eot as usize).min(vocab)].iter_mut().for_each(|m| *m = true);
+        masked[..(eot as usize).min(vocab)]
+            .iter_mut()
+            .for_each(|m| *m = true);
     }
 
     let mut text = Reduce::new();
@@ -85,11 +101,17 @@ pub fn masked_scores(logits: &[f32], suppress: &[u32], rules: &StepRules, timest
     }
 
     let raw_lse = {
-        let m = logits.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let m = logits
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
         if m == f64::NEG_INFINITY {
             f32::NEG_INFINITY
         } else {
-            (m + logits.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()) as f32
+            (m + logits
+                .iter()
+                .map(|&v| (v as f64 - m).exp())
+                .sum::<f64>()
+                .ln()) as f32
         }
     };
 
@@ -101,7 +123,10 @@ pub fn masked_scores(logits: &[f32], suppress: &[u32], rules: &StepRules, timest
         ts_max: ts.max,
         ts_lse: ts.lse(logits),
         raw_lse,
-        probe_logit: logits.get(rules.probe as usize).copied().unwrap_or(f32::NEG_INFINITY),
+        probe_logit: logits
+            .get(rules.probe as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY),
     }
 }
 
@@ -132,14 +157,23 @@ mod tests {
                 && !(r.mask_text && i < eot)
         };
         let in_ts = |i: u32| {
-            i >= tb && i >= r.ts_lo && i < r.ts_hi && !suppress.contains(&i) && !r.extra_suppress.contains(&i)
+            i >= tb
+                && i >= r.ts_lo
+                && i < r.ts_hi
+                && !suppress.contains(&i)
+                && !r.extra_suppress.contains(&i)
         };
         let pick = |f: &dyn Fn(u32) -> bool| {
-            let ids: Vec<u32> = (0..logits.len() as u32).filter(|&i| f(i) && logits[i as usize] > f32::NEG_INFINITY).collect();
+            let ids: Vec<u32> = (0..logits.len() as u32)
+                .filter(|&i| f(i) && logits[i as usize] > f32::NEG_INFINITY)
+                .collect();
             if ids.is_empty() {
                 return (u32::MAX, f32::NEG_INFINITY, f32::NEG_INFINITY);
             }
-            let max = ids.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max);
+            let max = ids
+                .iter()
+                .map(|&i| logits[i as usize])
+                .fold(f32::NEG_INFINITY, f32::max);
             let best = *ids.iter().find(|&&i| logits[i as usize] == max).unwrap();
             let s: f64 = ids.iter().map(|&i| (logits[i as usize] as f64).exp()).sum();
             (best, max, s.ln() as f32)
@@ -155,15 +189,29 @@ mod tests {
             ts_max,
             ts_lse,
             raw_lse: raw.ln() as f32,
-            probe_logit: logits.get(r.probe as usize).copied().unwrap_or(f32::NEG_INFINITY),
+            probe_logit: logits
+                .get(r.probe as usize)
+                .copied()
+                .unwrap_or(f32::NEG_INFINITY),
         }
     }
 
     fn assert_same(a: &StepScores, b: &StepScores, what: &str) {
         assert_eq!((a.text_best, a.ts_best), (b.text_best, b.ts_best), "{what}");
-        assert_eq!((a.text_max, a.ts_max, a.probe_logit), (b.text_max, b.ts_max, b.probe_logit), "{what}");
-        for (x, y) in [(a.text_lse, b.text_lse), (a.ts_lse, b.ts_lse), (a.raw_lse, b.raw_lse)] {
-            assert!(x == y || (x - y).abs() <= 1e-5 * y.abs().max(1.0), "{what}: lse {x} vs {y}");
+        assert_eq!(
+            (a.text_max, a.ts_max, a.probe_logit),
+            (b.text_max, b.ts_max, b.probe_logit),
+            "{what}"
+        );
+        for (x, y) in [
+            (a.text_lse, b.text_lse),
+            (a.ts_lse, b.ts_lse),
+            (a.raw_lse, b.raw_lse),
+        ] {
+            assert!(
+                x == y || (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                "{what}: lse {x} vs {y}"
+            );
         }
     }
 
@@ -177,9 +225,19 @@ mod tests {
             let eot = rng.random_range(0..=tb);
             // Few distinct values so ties happen often; small range so naive's un-shifted
             // exp() is safe.
-            let logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-8..8) as f32 * 0.5).collect();
-            let suppress: Vec<u32> = (0..rng.random_range(0..12)).map(|_| rng.random_range(0..vocab + 5)).collect();
-            let mut extra = || if rng.random_bool(0.4) { u32::MAX } else { rng.random_range(0..vocab + 2) };
+            let logits: Vec<f32> = (0..vocab)
+                .map(|_| rng.random_range(-8..8) as f32 * 0.5)
+                .collect();
+            let suppress: Vec<u32> = (0..rng.random_range(0..12))
+                .map(|_| rng.random_range(0..vocab + 5))
+                .collect();
+            let mut extra = || {
+                if rng.random_bool(0.4) {
+                    u32::MAX
+                } else {
+                    rng.random_range(0..vocab + 2)
+                }
+            };
             let extra_suppress = [extra(), extra()];
             let r = StepRules {
                 mask_text: rng.random_bool(0.3),
@@ -191,7 +249,11 @@ mod tests {
             };
             let got = masked_scores(&logits, &suppress, &r, tb, eot);
             let want = naive(&logits, &suppress, &r, tb, eot);
-            assert_same(&got, &want, &format!("case {case}: {r:?} tb {tb} eot {eot} vocab {vocab}"));
+            assert_same(
+                &got,
+                &want,
+                &format!("case {case}: {r:?} tb {tb} eot {eot} vocab {vocab}"),
+            );
         }
     }
 
@@ -203,7 +265,11 @@ mod tests {
         r.ts_lo = 4;
         r.ts_hi = 7;
         let s = masked_scores(&logits, &[], &r, 4, 3);
-        assert_eq!((s.text_best, s.text_max), (1, 3.0), "tie goes to the lowest id");
+        assert_eq!(
+            (s.text_best, s.text_max),
+            (1, 3.0),
+            "tie goes to the lowest id"
+        );
         assert_eq!((s.ts_best, s.ts_max), (4, 2.0));
         let want_text = (1f64.exp() + 2.0 * 3f64.exp() + 0.5f64.exp()).ln() as f32;
         assert!((s.text_lse - want_text).abs() < 1e-6);
@@ -212,8 +278,14 @@ mod tests {
         r.mask_non_timestamps = true;
         r.ts_hi = 4;
         let s = masked_scores(&logits, &[], &r, 4, 3);
-        assert_eq!((s.text_best, s.text_max, s.text_lse), (u32::MAX, f32::NEG_INFINITY, f32::NEG_INFINITY));
-        assert_eq!((s.ts_best, s.ts_max, s.ts_lse), (u32::MAX, f32::NEG_INFINITY, f32::NEG_INFINITY));
+        assert_eq!(
+            (s.text_best, s.text_max, s.text_lse),
+            (u32::MAX, f32::NEG_INFINITY, f32::NEG_INFINITY)
+        );
+        assert_eq!(
+            (s.ts_best, s.ts_max, s.ts_lse),
+            (u32::MAX, f32::NEG_INFINITY, f32::NEG_INFINITY)
+        );
         // raw_lse ignores every mask.
         let raw = logits.iter().map(|&v| (v as f64).exp()).sum::<f64>().ln() as f32;
         assert!((s.raw_lse - raw).abs() < 1e-6);
@@ -231,7 +303,10 @@ mod tests {
         assert_eq!(s.ts_lse, -1.0);
         assert_eq!(s.probe_logit, 3.0);
         r.probe = 7;
-        assert_eq!(masked_scores(&logits, &[], &r, 4, 3).probe_logit, f32::NEG_INFINITY);
+        assert_eq!(
+            masked_scores(&logits, &[], &r, 4, 3).probe_logit,
+            f32::NEG_INFINITY
+        );
     }
 
     #[test]

@@ -139,9 +139,28 @@ impl CpuWhisper {
     /// [`CpuWhisper::set_vocab_layout`]: the special-token ids are the tokenizer's
     /// business, not the weights'.
     pub fn new(dims: Dims, get: &dyn Fn(&str) -> Result<Vec<f32>>) -> Result<CpuWhisper> {
-        let Dims { n_mels, d_model: d, n_heads, encoder_layers, decoder_layers, ffn, vocab, audio_ctx, text_ctx } = dims;
-        if d == 0 || n_heads == 0 || d % n_heads != 0 || n_mels == 0 || vocab == 0 || audio_ctx == 0 || text_ctx == 0 {
-            return Err(Error::Invalid(format!("impossible Whisper dimensions {dims:?}")));
+        let Dims {
+            n_mels,
+            d_model: d,
+            n_heads,
+            encoder_layers,
+            decoder_layers,
+            ffn,
+            vocab,
+            audio_ctx,
+            text_ctx,
+        } = dims;
+        if d == 0
+            || n_heads == 0
+            || d % n_heads != 0
+            || n_mels == 0
+            || vocab == 0
+            || audio_ctx == 0
+            || text_ctx == 0
+        {
+            return Err(Error::Invalid(format!(
+                "impossible Whisper dimensions {dims:?}"
+            )));
         }
         let l = Loader { get };
         let enc_layers = (0..encoder_layers)
@@ -200,7 +219,9 @@ impl CpuWhisper {
     }
 
     /// Load every weight from a CTranslate2 checkpoint (any stored dtype, widened to f32).
-    pub fn from_checkpoint(ck: &crate::models::whisper::checkpoint::Checkpoint) -> Result<CpuWhisper> {
+    pub fn from_checkpoint(
+        ck: &crate::models::whisper::checkpoint::Checkpoint,
+    ) -> Result<CpuWhisper> {
         CpuWhisper::new(ck.dims, &|n| ck.f32(n))
     }
 
@@ -243,7 +264,10 @@ impl CpuWhisper {
     /// draft): the next `advance` continues at position `len`.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
         if len > self.kv_len {
-            return Err(Error::Invalid(format!("cannot truncate to {len} positions: only {} exist", self.kv_len)));
+            return Err(Error::Invalid(format!(
+                "cannot truncate to {len} positions: only {} exist",
+                self.kv_len
+            )));
         }
         let d = self.dims.d_model;
         for (k, v) in self.self_k.iter_mut().zip(&mut self.self_v) {
@@ -256,9 +280,24 @@ impl CpuWhisper {
 
     /// conv1 + GELU, conv2 (stride 2) + GELU, positions, the blocks, the final norm.
     fn encode(&self, mel: &[f32]) -> Vec<f32> {
-        let Dims { n_mels, d_model: d, n_heads, audio_ctx: a, .. } = self.dims;
+        let Dims {
+            n_mels,
+            d_model: d,
+            n_heads,
+            audio_ctx: a,
+            ..
+        } = self.dims;
         let frames = 2 * a;
-        let h1 = ops::conv1d_k3(mel, n_mels, frames, &self.conv1_w, &self.conv1_b, d, 1, true);
+        let h1 = ops::conv1d_k3(
+            mel,
+            n_mels,
+            frames,
+            &self.conv1_w,
+            &self.conv1_b,
+            d,
+            1,
+            true,
+        );
         // conv1d_k3 writes time-major [t][c] but reads channel-major [c][t]: transpose.
         let mut h1_cm = vec![0f32; d * frames];
         for t in 0..frames {
@@ -293,7 +332,13 @@ impl CpuWhisper {
     /// Run `tokens` at positions kv_len.. through the decoder; leaves the raw logits of the
     /// last position in `last_logits`.
     fn decode(&mut self, tokens: &[u32]) {
-        let Dims { d_model: d, n_heads, audio_ctx: a, vocab, .. } = self.dims;
+        let Dims {
+            d_model: d,
+            n_heads,
+            audio_ctx: a,
+            vocab,
+            ..
+        } = self.dims;
         let hd = d / n_heads;
         let n = tokens.len();
         let start = self.kv_len;
@@ -312,25 +357,61 @@ impl CpuWhisper {
             let (q, k, v) = split3(&qkv, n, d);
             self.self_k[li].extend_from_slice(&k);
             self.self_v[li].extend_from_slice(&v);
-            let att = ops::attention(&q, &self.self_k[li], &self.self_v[li], n, start + n, n_heads, hd, Some(start));
+            let att = ops::attention(
+                &q,
+                &self.self_k[li],
+                &self.self_v[li],
+                n,
+                start + n,
+                n_heads,
+                hd,
+                Some(start),
+            );
             add_in_place(&mut x, &layer.self_out.apply(&att, n));
             // Cross-attention over the window's encoder output (K/V from begin_window).
-            let h = ops::layer_norm(&x, n, d, &layer.cross_ln.gamma, &layer.cross_ln.beta, LN_EPS);
+            let h = ops::layer_norm(
+                &x,
+                n,
+                d,
+                &layer.cross_ln.gamma,
+                &layer.cross_ln.beta,
+                LN_EPS,
+            );
             let q = layer.cross_q.apply(&h, n);
-            let att = ops::attention(&q, &self.cross_k[li], &self.cross_v[li], n, a, n_heads, hd, None);
+            let att = ops::attention(
+                &q,
+                &self.cross_k[li],
+                &self.cross_v[li],
+                n,
+                a,
+                n_heads,
+                hd,
+                None,
+            );
             add_in_place(&mut x, &layer.cross_out.apply(&att, n));
             self.ffn(&mut x, n, &layer.ffn_ln, &layer.fc1, &layer.fc2);
         }
         self.kv_len = start + n;
         // Only the last position's logits are wanted: norm and project that row alone.
-        let last = ops::layer_norm(&x[(n - 1) * d..], 1, d, &self.dec_ln.gamma, &self.dec_ln.beta, LN_EPS);
+        let last = ops::layer_norm(
+            &x[(n - 1) * d..],
+            1,
+            d,
+            &self.dec_ln.gamma,
+            &self.dec_ln.beta,
+            LN_EPS,
+        );
         self.last_logits = ops::linear(&last, 1, d, &self.embed, vocab, None);
     }
 }
 
 /// Split rows of [Q|K|V] (each `d` wide) into three [rows][d] arrays.
 fn split3(qkv: &[f32], rows: usize, d: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let mut parts = [Vec::with_capacity(rows * d), Vec::with_capacity(rows * d), Vec::with_capacity(rows * d)];
+    let mut parts = [
+        Vec::with_capacity(rows * d),
+        Vec::with_capacity(rows * d),
+        Vec::with_capacity(rows * d),
+    ];
     for r in 0..rows {
         for (j, p) in parts.iter_mut().enumerate() {
             p.extend_from_slice(&qkv[r * 3 * d + j * d..r * 3 * d + (j + 1) * d]);
@@ -351,7 +432,12 @@ impl LogitSource for CpuWhisper {
     /// Takes `n_mels` rows of 2·audio_ctx frames (3000 for real models; small test models
     /// take fewer).
     fn begin_window(&mut self, mel: &[f32]) -> Result<()> {
-        let Dims { n_mels, d_model: d, audio_ctx: a, .. } = self.dims;
+        let Dims {
+            n_mels,
+            d_model: d,
+            audio_ctx: a,
+            ..
+        } = self.dims;
         if mel.len() != n_mels * 2 * a {
             return Err(Error::Invalid(format!(
                 "a mel window must be {n_mels} x {} values, got {}",
@@ -380,10 +466,14 @@ impl LogitSource for CpuWhisper {
 
     fn advance(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores> {
         let Some((eot, timestamp_begin)) = self.layout else {
-            return Err(Error::Invalid("CpuWhisper: set_vocab_layout was not called".into()));
+            return Err(Error::Invalid(
+                "CpuWhisper: set_vocab_layout was not called".into(),
+            ));
         };
         if self.encoder_out.is_empty() {
-            return Err(Error::Invalid("advance before begin_window: no audio encoded".into()));
+            return Err(Error::Invalid(
+                "advance before begin_window: no audio encoded".into(),
+            ));
         }
         if tokens.is_empty() {
             return Err(Error::Invalid("advance with no tokens".into()));
@@ -397,10 +487,19 @@ impl LogitSource for CpuWhisper {
             )));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.dims.vocab) {
-            return Err(Error::Invalid(format!("token {bad} is outside the vocabulary of {}", self.dims.vocab)));
+            return Err(Error::Invalid(format!(
+                "token {bad} is outside the vocabulary of {}",
+                self.dims.vocab
+            )));
         }
         self.decode(tokens);
-        Ok(select::masked_scores(&self.last_logits, &self.suppress, rules, timestamp_begin, eot))
+        Ok(select::masked_scores(
+            &self.last_logits,
+            &self.suppress,
+            rules,
+            timestamp_begin,
+            eot,
+        ))
     }
 
     fn set_suppress(&mut self, ids: &[u32]) -> Result<()> {
@@ -445,11 +544,17 @@ mod tests {
             ("encoder/conv1/bias".into(), vec![d]),
             ("encoder/conv2/weight".into(), vec![d, d, 3]),
             ("encoder/conv2/bias".into(), vec![d]),
-            ("encoder/position_encodings/encodings".into(), vec![dm.audio_ctx, d]),
+            (
+                "encoder/position_encodings/encodings".into(),
+                vec![dm.audio_ctx, d],
+            ),
             ("encoder/layer_norm/gamma".into(), vec![d]),
             ("encoder/layer_norm/beta".into(), vec![d]),
             ("decoder/embeddings/weight".into(), vec![dm.vocab, d]),
-            ("decoder/position_encodings/encodings".into(), vec![dm.text_ctx, d]),
+            (
+                "decoder/position_encodings/encodings".into(),
+                vec![dm.text_ctx, d],
+            ),
             ("decoder/layer_norm/gamma".into(), vec![d]),
             ("decoder/layer_norm/beta".into(), vec![d]),
         ];
@@ -493,7 +598,9 @@ mod tests {
             .map(|(name, shape)| {
                 let n: usize = shape.iter().product();
                 let base = if name.ends_with("gamma") { 1.0 } else { 0.0 };
-                let vals = (0..n).map(|_| base + rng.random_range(-0.5f32..0.5)).collect();
+                let vals = (0..n)
+                    .map(|_| base + rng.random_range(-0.5f32..0.5))
+                    .collect();
                 (name, vals)
             })
             .collect()
@@ -502,17 +609,30 @@ mod tests {
     fn tiny_model(seed: u64) -> (CpuWhisper, Vec<f32>) {
         let dm = tiny_dims();
         let w = random_weights(&dm, seed);
-        let get = |n: &str| w.get(n).cloned().ok_or_else(|| Error::Invalid(format!("no weight {n}")));
+        let get = |n: &str| {
+            w.get(n)
+                .cloned()
+                .ok_or_else(|| Error::Invalid(format!("no weight {n}")))
+        };
         let mut m = CpuWhisper::new(dm, &get).unwrap();
         m.set_vocab_layout(20, 24).unwrap();
         m.set_suppress(&[3, 21]).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed + 1);
-        let mel = (0..dm.n_mels * 2 * dm.audio_ctx).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let mel = (0..dm.n_mels * 2 * dm.audio_ctx)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
         (m, mel)
     }
 
     fn rules() -> StepRules {
-        StepRules { mask_text: false, mask_non_timestamps: false, ts_lo: 24, ts_hi: 30, extra_suppress: [u32::MAX; 2], probe: 22 }
+        StepRules {
+            mask_text: false,
+            mask_non_timestamps: false,
+            ts_lo: 24,
+            ts_hi: 30,
+            extra_suppress: [u32::MAX; 2],
+            probe: 22,
+        }
     }
 
     #[test]
@@ -534,7 +654,11 @@ mod tests {
             let s = m.advance(&tokens[..n], &rules()).unwrap();
             // Same rows, same sums in the same order: bit-identical, not just close.
             assert_eq!(s, single[n - 1].0, "scores after {n} tokens");
-            assert_eq!(m.last_logits(), &single[n - 1].1[..], "logits after {n} tokens");
+            assert_eq!(
+                m.last_logits(),
+                &single[n - 1].1[..],
+                "logits after {n} tokens"
+            );
         }
         // Prefill then steps (what a decoder loop does) agrees too.
         m.begin_window(&mel).unwrap();
@@ -548,7 +672,10 @@ mod tests {
 
         // The scores are select::masked_scores of the logits (suppress 3 and 21 applied).
         let s = single[2].0;
-        assert_eq!(s, select::masked_scores(&single[2].1, &[3, 21], &rules(), 24, 20));
+        assert_eq!(
+            s,
+            select::masked_scores(&single[2].1, &[3, 21], &rules(), 24, 20)
+        );
         assert!(s.text_best < 24 && s.text_best != 3 && s.text_best != 21);
         assert!((24..30).contains(&s.ts_best) && s.ts_best != 21);
         assert_eq!(s.probe_logit, single[2].1[22]);
@@ -562,13 +689,25 @@ mod tests {
     #[test]
     fn whisper_errors_are_values() {
         let (mut m, mel) = tiny_model(5);
-        assert!(matches!(m.advance(&[1], &rules()), Err(Error::Invalid(_))), "advance before begin_window");
-        assert!(matches!(m.begin_window(&mel[1..]), Err(Error::Invalid(_))), "short mel");
+        assert!(
+            matches!(m.advance(&[1], &rules()), Err(Error::Invalid(_))),
+            "advance before begin_window"
+        );
+        assert!(
+            matches!(m.begin_window(&mel[1..]), Err(Error::Invalid(_))),
+            "short mel"
+        );
         m.begin_window(&mel).unwrap();
         assert!(matches!(m.advance(&[], &rules()), Err(Error::Invalid(_))));
-        assert!(matches!(m.advance(&[30], &rules()), Err(Error::Invalid(_))), "token outside vocab");
+        assert!(
+            matches!(m.advance(&[30], &rules()), Err(Error::Invalid(_))),
+            "token outside vocab"
+        );
         m.advance(&[1; 8], &rules()).unwrap();
-        assert!(matches!(m.advance(&[1; 3], &rules()), Err(Error::Invalid(_))), "beyond text_ctx");
+        assert!(
+            matches!(m.advance(&[1; 3], &rules()), Err(Error::Invalid(_))),
+            "beyond text_ctx"
+        );
         m.advance(&[1; 2], &rules()).unwrap(); // exactly text_ctx = 10 positions
         assert_eq!(m.kv_len(), 10);
         assert!(m.truncate(11).is_err());
@@ -579,12 +718,23 @@ mod tests {
         let dm = tiny_dims();
         let mut w = random_weights(&dm, 1);
         w.remove("decoder/layer_0/attention/linear_1/bias");
-        let get = |n: &str| w.get(n).cloned().ok_or_else(|| Error::Invalid(format!("no weight {n}")));
+        let get = |n: &str| {
+            w.get(n)
+                .cloned()
+                .ok_or_else(|| Error::Invalid(format!("no weight {n}")))
+        };
         let err = CpuWhisper::new(dm, &get).err().unwrap().to_string();
-        assert!(err.contains("decoder/layer_0/attention/linear_1/bias"), "{err}");
+        assert!(
+            err.contains("decoder/layer_0/attention/linear_1/bias"),
+            "{err}"
+        );
         let mut w = random_weights(&dm, 1);
         w.get_mut("encoder/conv2/weight").unwrap().pop();
-        let get = |n: &str| w.get(n).cloned().ok_or_else(|| Error::Invalid(format!("no weight {n}")));
+        let get = |n: &str| {
+            w.get(n)
+                .cloned()
+                .ok_or_else(|| Error::Invalid(format!("no weight {n}")))
+        };
         let err = CpuWhisper::new(dm, &get).err().unwrap().to_string();
         assert!(err.contains("encoder/conv2/weight"), "{err}");
     }
@@ -600,6 +750,8 @@ mod tests {
     // /tmp/refenv/bin/python), and otherwise skips, saying so. Run it with
     //
     //   cargo test -p verbatim-engine --release --lib reference::whisper -- --ignored --nocapture
+    //
+    // (The dev profile works too; its encoder pass takes about a minute on two cores.)
 
     /// tiny.en's vocabulary layout (51864 ids).
     const SOT: u32 = 50257;
@@ -610,7 +762,12 @@ mod tests {
 
     fn read_f32_file(path: &std::path::Path) -> Option<Vec<f32>> {
         let bytes = std::fs::read(path).ok()?;
-        Some(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        Some(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        )
     }
 
     /// The mel window (and, if present, CTranslate2's encoder output), regenerated when
@@ -624,7 +781,10 @@ mod tests {
             let python = std::env::var_os("VERBATIM_REF_PYTHON")
                 .map(std::path::PathBuf::from)
                 .unwrap_or_else(|| "/tmp/refenv/bin/python".into());
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ct2_greedy_reference.py");
+            let script = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/data/ct2_greedy_reference.py"
+            );
             if python.exists() {
                 // The JSON goes next to the floats: a test must not rewrite committed files.
                 let status = std::process::Command::new(&python)
@@ -634,7 +794,10 @@ mod tests {
                     .arg("--json")
                     .arg(dir.join("ct2_greedy_reference.json"))
                     .status();
-                eprintln!("regenerated the CTranslate2 fixtures with {}: {status:?}", python.display());
+                eprintln!(
+                    "regenerated the CTranslate2 fixtures with {}: {status:?}",
+                    python.display()
+                );
             }
         }
         let Some(mel) = read_f32_file(&mel_path) else {
@@ -660,14 +823,26 @@ mod tests {
     /// One greedy step's choice among text and timestamps (ties to text, the lower ids),
     /// with its log-probability under the masked distribution.
     fn pick(s: &StepScores) -> (u32, f32, f64) {
-        let (tok, logit) = if s.ts_max > s.text_max { (s.ts_best, s.ts_max) } else { (s.text_best, s.text_max) };
+        let (tok, logit) = if s.ts_max > s.text_max {
+            (s.ts_best, s.ts_max)
+        } else {
+            (s.text_best, s.text_max)
+        };
         (tok, logit, logit as f64 - log_add(s.text_lse, s.ts_lse))
     }
 
     /// CTranslate2's greedy decoding with its Whisper rules, written out step by step.
     /// Returns (token, chosen logit, log-prob) per step, the final eot included.
-    fn ct2_style_greedy(m: &mut CpuWhisper, suppress_begin: &[u32], timestamps: bool) -> Vec<(u32, f32, f64)> {
-        let prompt: Vec<u32> = if timestamps { vec![SOT] } else { vec![SOT, NO_TIMESTAMPS] };
+    fn ct2_style_greedy(
+        m: &mut CpuWhisper,
+        suppress_begin: &[u32],
+        timestamps: bool,
+    ) -> Vec<(u32, f32, f64)> {
+        let prompt: Vec<u32> = if timestamps {
+            vec![SOT]
+        } else {
+            vec![SOT, NO_TIMESTAMPS]
+        };
         let vocab = m.dims().vocab as u32;
         let mut out: Vec<(u32, f32, f64)> = Vec::new();
         let mut next = prompt.clone();
@@ -681,7 +856,11 @@ mod tests {
                 ts_lo: TIMESTAMP_BEGIN,
                 ts_hi: vocab,
                 // suppress_blank: " " and eot at the first sampled position.
-                extra_suppress: if first { [suppress_begin[0], suppress_begin[1]] } else { [u32::MAX; 2] },
+                extra_suppress: if first {
+                    [suppress_begin[0], suppress_begin[1]]
+                } else {
+                    [u32::MAX; 2]
+                },
                 probe: NO_SPEECH,
             };
             let mut check_ts_prob = false;
@@ -693,7 +872,11 @@ mod tests {
                     r.ts_hi = TIMESTAMP_BEGIN + 51;
                 } else {
                     let last = sampled[sampled.len() - 1];
-                    let penultimate = if sampled.len() >= 2 { sampled[sampled.len() - 2] } else { last };
+                    let penultimate = if sampled.len() >= 2 {
+                        sampled[sampled.len() - 2]
+                    } else {
+                        last
+                    };
                     if is_ts(last) {
                         if is_ts(penultimate) {
                             r.ts_hi = r.ts_lo; // a pair is closed: text (or eot) next
@@ -709,7 +892,8 @@ mod tests {
                     // one that closed the previous.
                     // (openai-whisper's rule, which CTranslate2 4.x follows.)
                     if let Some(&t) = sampled.iter().rev().find(|&&t| is_ts(t)) {
-                        let opens_after_close = is_ts(last) && sampled.len() >= 2 && !is_ts(penultimate);
+                        let opens_after_close =
+                            is_ts(last) && sampled.len() >= 2 && !is_ts(penultimate);
                         r.ts_lo = r.ts_lo.max(if opens_after_close { t } else { t + 1 });
                     }
                 }
@@ -735,14 +919,24 @@ mod tests {
     fn real_model_matches_ctranslate2() {
         let dir = crate::models::whisper::default_model_dir();
         if !dir.join("model.bin").exists() {
-            eprintln!("SKIPPED: no model at {} (set VERBATIM_MODEL_DIR)", dir.display());
+            eprintln!(
+                "SKIPPED: no model at {} (set VERBATIM_MODEL_DIR)",
+                dir.display()
+            );
             return;
         }
-        let Some((mel, ct2_encoder)) = ct2_fixtures() else { return };
-        let json: serde_json::Value = serde_json::from_str(include_str!("../../tests/data/ct2_greedy_reference.json")).unwrap();
+        let Some((mel, ct2_encoder)) = ct2_fixtures() else {
+            return;
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/data/ct2_greedy_reference.json"))
+                .unwrap();
 
         let ck = crate::models::whisper::checkpoint::Checkpoint::open(&dir).unwrap();
-        assert_eq!(ck.dims.vocab, 51864, "this test knows tiny.en's token ids only");
+        assert_eq!(
+            ck.dims.vocab, 51864,
+            "this test knows tiny.en's token ids only"
+        );
         let mut m = CpuWhisper::from_checkpoint(&ck).unwrap();
         m.set_vocab_layout(EOT, TIMESTAMP_BEGIN).unwrap();
         let t0 = std::time::Instant::now();
@@ -760,33 +954,62 @@ mod tests {
             }
             let rel = (num / den).sqrt();
             eprintln!("encoder output vs CTranslate2: relative L2 {rel:.3e}, max abs {worst:.3e}");
-            assert!(rel < 1e-3, "encoder output differs from CTranslate2's: relative L2 {rel:.3e}");
+            assert!(
+                rel < 1e-3,
+                "encoder output differs from CTranslate2's: relative L2 {rel:.3e}"
+            );
         }
 
-        let suppress: Vec<u32> = json["suppress_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        let begin: Vec<u32> = json["suppress_ids_begin"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let suppress: Vec<u32> = json["suppress_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let begin: Vec<u32> = json["suppress_ids_begin"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         assert_eq!(suppress, ck.config.suppress_ids);
         assert_eq!(begin, ck.config.suppress_ids_begin);
 
         for (run, timestamps) in [("no_timestamps", false), ("timestamps", true)] {
             let r = &json["runs"][run];
-            let want_tokens: Vec<u32> = r["tokens"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+            let want_tokens: Vec<u32> = r["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
             let want_steps: Vec<(u32, f64, f64)> = r["steps"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|s| (s["token"].as_u64().unwrap() as u32, s["logit"].as_f64().unwrap(), s["logprob"].as_f64().unwrap()))
+                .map(|s| {
+                    (
+                        s["token"].as_u64().unwrap() as u32,
+                        s["logit"].as_f64().unwrap(),
+                        s["logprob"].as_f64().unwrap(),
+                    )
+                })
                 .collect();
             let mut suppress_here = suppress.clone();
             if timestamps {
                 suppress_here.push(NO_TIMESTAMPS); // the timestamp rules suppress it
             }
             m.set_suppress(&suppress_here).unwrap();
-            m.begin_window(&mel).unwrap();
+            // Same window: reuse the encoder output and cross K/V, restart the decoder.
+            m.truncate(0).unwrap();
             let t0 = std::time::Instant::now();
             let got = ct2_style_greedy(&mut m, &begin, timestamps);
             let got_tokens: Vec<u32> = got.iter().map(|g| g.0).filter(|&t| t != EOT).collect();
-            eprintln!("{run}: {} steps in {:.1} s", got.len(), t0.elapsed().as_secs_f64());
+            eprintln!(
+                "{run}: {} steps in {:.1} s",
+                got.len(),
+                t0.elapsed().as_secs_f64()
+            );
             eprintln!("  CPU reference: {got_tokens:?}");
             eprintln!("  CTranslate2:   {want_tokens:?}");
             let (mut d_logit, mut d_lp) = (0f64, 0f64);
@@ -797,9 +1020,20 @@ mod tests {
                 }
             }
             eprintln!("  max |logit diff| {d_logit:.3e}, max |log-prob diff| {d_lp:.3e} over the chosen tokens");
-            assert_eq!(got_tokens, want_tokens, "{run}: tokens differ from CTranslate2's");
-            assert_eq!(got.len(), want_steps.len(), "{run}: eot at a different step");
-            assert!(d_logit < 5e-3 && d_lp < 5e-3, "{run}: scores differ from CTranslate2's");
+            assert_eq!(
+                got_tokens, want_tokens,
+                "{run}: tokens differ from CTranslate2's"
+            );
+            assert_eq!(
+                got.len(),
+                want_steps.len(),
+                "{run}: eot at a different step"
+            );
+            // Measured: logits within 3e-5, log-probs within 1e-5 (CTranslate2 sums in f32).
+            assert!(
+                d_logit < 1e-3 && d_lp < 1e-3,
+                "{run}: scores differ from CTranslate2's"
+            );
         }
     }
 }
