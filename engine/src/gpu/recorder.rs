@@ -259,6 +259,8 @@ impl<'g> Recorder<'g> {
                 query = Some((qs, resolve, staging));
             }
         }
+        // Timed: a pass per dispatch with timestamp writes (up to MAX_TIMED of them).
+        // Untimed: consecutive dispatches share one pass; copies sit between passes.
         let mut i = 0;
         while i < cmds.len() {
             match &cmds[i] {
@@ -266,9 +268,8 @@ impl<'g> Recorder<'g> {
                     enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
                     i += 1;
                 }
-                Cmd::Dispatch { .. } => {
-                    if let (Some((qs, _, _)), true) = (&query, timing.len() < MAX_TIMED) {
-                        let Cmd::Dispatch { kernel, bind, groups, stage, cost } = &cmds[i] else { unreachable!() };
+                Cmd::Dispatch { kernel, bind, groups, stage, cost } => match &query {
+                    Some((qs, _, _)) if timing.len() < MAX_TIMED => {
                         let q = timing.len() as u32 * 2;
                         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                             label: Some(kernel.name),
@@ -283,7 +284,8 @@ impl<'g> Recorder<'g> {
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         timing.push((kernel.name, *stage, *cost));
                         i += 1;
-                    } else {
+                    }
+                    _ => {
                         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                             label: Some("dispatches"),
                             timestamp_writes: None,
@@ -294,12 +296,9 @@ impl<'g> Recorder<'g> {
                             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                             untimed.push((kernel.name, *stage, *cost));
                             i += 1;
-                            if query.is_some() && timing.len() < MAX_TIMED {
-                                break;
-                            }
                         }
                     }
-                }
+                },
             }
         }
         if let Some((qs, resolve, staging)) = &query {
