@@ -41,6 +41,11 @@ pub struct Args {
     #[arg(long)]
     timings: bool,
 
+    /// After the text, print the per-kernel GPU table: dispatches, GPU time (timestamp
+    /// queries, when the adapter has them), bytes moved and GB/s.
+    #[arg(long)]
+    kernels: bool,
+
     /// Write one JSON document: files, segments, text, stages, real-time factor
     /// (the same as --format json).
     #[arg(long, conflicts_with = "format")]
@@ -185,6 +190,7 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
         let result = check.and_then(|()| {
             // Always Some here: the model was loaded because this file is readable.
             let tr = transcriber.as_mut().ok_or("no model loaded")?;
+            tr.reset_profile();
             tr.transcribe_file(file, &opts).map_err(|e| e.to_string())
         });
         let t = match result {
@@ -227,8 +233,16 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
             stdout.write_all(doc.as_bytes())?;
         }
 
-        if args.timings {
-            let table = timings_table(several.then_some(file.as_path()), load_time, &t);
+        if args.timings || args.kernels {
+            let mut table = String::new();
+            if args.timings {
+                table += &timings_table(several.then_some(file.as_path()), load_time, &t);
+            }
+            if args.kernels {
+                if let Some(tr) = transcriber.as_ref() {
+                    table += &kernels_table(tr);
+                }
+            }
             if table_to_stdout {
                 stdout.write_all(table.as_bytes())?;
             } else {
@@ -276,7 +290,7 @@ fn load(args: &Args) -> Result<Transcriber, String> {
         Some(dir) => dir.clone(),
         None => default_model()?,
     };
-    let gpu = Gpu::new(&GpuOptions::default()).map_err(|e| e.to_string())?;
+    let gpu = Gpu::new(&GpuOptions { profile: args.kernels, ..Default::default() }).map_err(|e| e.to_string())?;
     Transcriber::load(Arc::new(gpu), &model_dir).map_err(|e| e.to_string())
 }
 
@@ -348,6 +362,42 @@ fn write_output(dir: &Path, name: &str, content: &str) -> Result<(), String> {
         .and_then(|()| fs::write(&tmp, content))
         .and_then(|()| fs::rename(&tmp, &path))
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The per-kernel table of `--kernels`, largest GPU time first.
+fn kernels_table(tr: &Transcriber) -> String {
+    let p = tr.profile();
+    let stats = p.stats();
+    let total_ns: f64 = stats.iter().map(|k| k.gpu_ns).sum();
+    let mut s = String::new();
+    if !p.timed {
+        s += &format!(
+            "note: {} has no timestamp queries; per-kernel GPU times are unavailable (see --timings for stage times)\n",
+            tr.gpu().info.name
+        );
+    }
+    s += &format!(
+        "{:<16}{:<12}{:>10}{:>12}{:>10}{:>12}{:>9}{:>7}\n",
+        "kernel", "stage", "dispatch", "gpu ms", "mean us", "MB moved", "GB/s", "share"
+    );
+    for k in &stats {
+        let ms = k.gpu_ns / 1e6;
+        let gbs = if k.gpu_ns > 0.0 { k.bytes as f64 / k.gpu_ns } else { 0.0 };
+        let share = if total_ns > 0.0 { 100.0 * k.gpu_ns / total_ns } else { 0.0 };
+        s += &format!(
+            "{:<16}{:<12}{:>10}{:>12.3}{:>10.1}{:>12.2}{:>9.1}{:>6.1}%\n",
+            k.kernel,
+            k.stage,
+            k.dispatches,
+            ms,
+            k.gpu_ns / 1e3 / k.dispatches.max(1) as f64,
+            k.bytes as f64 / 1e6,
+            gbs,
+            share
+        );
+    }
+    s += &format!("{} dispatches, {:.3} ms of GPU time\n", p.total_dispatches(), total_ns / 1e6);
+    s
 }
 
 /// The per-stage table of `--timings`: model load, then the engine's stages in order

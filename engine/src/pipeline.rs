@@ -51,9 +51,8 @@ pub struct Transcript {
     pub audio_seconds: f64,
     /// Generated tokens (timestamps included).
     pub tokens: usize,
-    /// One-token decoder passes and prompt positions run in batched passes.
+    /// Sampling steps (one per chosen token, the final end-of-text included).
     pub decode_steps: usize,
-    pub prefill_tokens: usize,
     /// 30 s windows encoded.
     pub windows: usize,
     /// Stages in order: audio decode, resample, mel, encoder, prefill, decode steps, total.
@@ -150,15 +149,15 @@ impl Transcriber {
         let t_mel = t0.elapsed();
         let mut dopts = opts.decode.clone();
         dopts.timestamps = opts.timestamps;
-        self.model.take_times();
         let (segments, stats) = transcribe(&mut self.model, &mel, &self.tokenizer, &self.suppress, &dopts, progress)?;
-        let times = self.model.take_times();
         let text = segments.iter().map(|s| s.text.as_str()).collect::<String>().trim().to_string();
         let stages = vec![
             Stage { name: "mel", seconds: t_mel.as_secs_f64() },
-            Stage { name: "encoder", seconds: times.encoder.as_secs_f64() },
-            Stage { name: "prefill", seconds: times.prefill.as_secs_f64() },
-            Stage { name: "decode steps", seconds: times.decode.as_secs_f64() },
+            // The decoding loop times the prompt pass(es) and the one-token steps itself: a
+            // one-token prompt (<|startoftranscript|>) is still the prefill.
+            Stage { name: "encoder", seconds: stats.encode_time.as_secs_f64() },
+            Stage { name: "prefill", seconds: stats.prefill_time.as_secs_f64() },
+            Stage { name: "decode steps", seconds: stats.decode_time.as_secs_f64() },
             Stage { name: "total", seconds: t0.elapsed().as_secs_f64() },
         ];
         Ok(Transcript {
@@ -167,8 +166,7 @@ impl Transcriber {
             segments,
             audio_seconds: samples.len() as f64 / SAMPLE_RATE as f64,
             tokens: stats.tokens,
-            decode_steps: times.decode_steps,
-            prefill_tokens: times.prefill_tokens,
+            decode_steps: stats.steps,
             windows: stats.windows,
             stages,
         })

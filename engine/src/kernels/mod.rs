@@ -21,6 +21,10 @@ pub const GEMV_MAX_ROWS: u32 = 8;
 /// workgroup) beats one workgroup per query.
 pub const ATTENTION_TILED_MIN_QUERIES: u32 = 8;
 
+/// Keys the decode attention holds in workgroup memory; longer contexts use the chunked
+/// online-softmax kernel.
+pub const ATTENTION_DECODE_MAX_KEYS: u32 = 2048;
+
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
 const GEMM_FLAG_ACCUMULATE: u32 = 4;
@@ -209,6 +213,7 @@ pub struct Kernels {
     layernorm: Arc<Kernel>,
     attention: Arc<Kernel>,
     attention_tiled: Arc<Kernel>,
+    attention_decode: Arc<Kernel>,
     embed: Arc<Kernel>,
     copy_rows: Arc<Kernel>,
     select: Arc<Kernel>,
@@ -224,6 +229,7 @@ impl Kernels {
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
             attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
+            attention_decode: gpu.kernel_entry("attention_decode", include_str!("attention.wgsl"), "main_decode", &[R, R, R, W])?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
@@ -267,9 +273,8 @@ impl Kernels {
         };
         let b = bias.unwrap_or(&self.zero);
         if m <= GEMV_MAX_ROWS {
-            let groups = (w.n / 2).div_ceil(64);
-            let (gx, gy) = if groups <= 1024 { (groups, 1) } else { (1024, groups.div_ceil(1024)) };
-            rec.dispatch(&self.gemv, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], [gx, gy, 1], cost)
+            let g = grid_1d((w.n / 2).div_ceil(32));
+            rec.dispatch(&self.gemv, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], [g[0], g[1], 1], cost)
         } else {
             let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
             rec.dispatch(&self.gemm, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
@@ -376,8 +381,11 @@ impl Kernels {
         if a.tq > ATTENTION_TILED_MIN_QUERIES && a.head_dim <= 64 && a.head_dim % 4 == 0 {
             return rec.dispatch(&self.attention_tiled, bytemuck::bytes_of(&params), &bufs, [a.tq.div_ceil(32), a.heads, 1], cost);
         }
+        if a.tk <= ATTENTION_DECODE_MAX_KEYS {
+            return rec.dispatch(&self.attention_decode, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, 1], cost);
+        }
         let (x, z) = if a.tq <= 32768 { (a.tq, 1) } else { (32768, a.tq.div_ceil(32768)) };
-        rec.dispatch(&self.attention, bytemuck::bytes_of(&params), &[a.q.buf, a.k.buf, a.v.buf, a.out.buf], [x, a.heads, z], cost)
+        rec.dispatch(&self.attention, bytemuck::bytes_of(&params), &bufs, [x, a.heads, z], cost)
     }
 
     /// x[i] = emb[tokens[i]] + pos[pos0 + i] for i < n_tok (d channels).

@@ -13,7 +13,6 @@
 //!   readback per call; the logits stay on the GPU.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use wgpu::Buffer;
 
@@ -64,18 +63,6 @@ struct DecoderLayer {
     enc_kv: Buffer,
 }
 
-/// Time spent in each stage since the last `take_timings`, measured on the host around
-/// each submission (the GPU work included: every call waits for its result).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct StageTimes {
-    pub encoder: Duration,
-    pub prefill: Duration,
-    pub decode: Duration,
-    pub prefill_tokens: usize,
-    pub decode_steps: usize,
-    pub windows: usize,
-}
-
 pub struct GpuWhisper {
     gpu: Arc<Gpu>,
     kern: Kernels,
@@ -110,7 +97,6 @@ pub struct GpuWhisper {
     select_out: Buffer,
     kv_len: usize,
     window_ready: bool,
-    pub times: StageTimes,
     /// Per-kernel records (GPU times when the device has timestamps and profiling is on).
     pub profile: Profile,
 }
@@ -152,6 +138,12 @@ impl GpuWhisper {
         let d = dims.d_model;
         if dims.head_dim() > 128 || d % dims.n_heads != 0 {
             return Err(Error::Unsupported(format!("{} heads of width {d}", dims.n_heads)));
+        }
+        if eot >= timestamp_begin || timestamp_begin > dims.vocab as u32 {
+            return Err(Error::model(
+                &ck.dir,
+                format!("the tokenizer puts eot at {eot} and timestamps at {timestamp_begin}, which does not fit a vocabulary of {}", dims.vocab),
+            ));
         }
         let kern = Kernels::load(g)?;
         let mut enc_layers = Vec::with_capacity(dims.encoder_layers);
@@ -221,7 +213,6 @@ impl GpuWhisper {
             select_out: g.buffer("select out", 32)?,
             kv_len: 0,
             window_ready: false,
-            times: StageTimes::default(),
             profile: Profile::default(),
             gpu,
         })
@@ -229,11 +220,6 @@ impl GpuWhisper {
 
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
-    }
-
-    /// Stage times since the last call, and reset them.
-    pub fn take_times(&mut self) -> StageTimes {
-        std::mem::take(&mut self.times)
     }
 
     /// Submit, booking the dispatches in the profile (timed when the device profiles).
@@ -395,13 +381,10 @@ impl LogitSource for GpuWhisper {
         if mel.len() != want {
             return Err(Error::Invalid(format!("a window of {} mel values; the encoder takes {want}", mel.len())));
         }
-        let t = Instant::now();
         self.window_ready = false;
         self.encode(mel)?;
         self.kv_len = 0;
         self.window_ready = true;
-        self.times.encoder += t.elapsed();
-        self.times.windows += 1;
         Ok(())
     }
 
@@ -419,16 +402,7 @@ impl LogitSource for GpuWhisper {
                 self.dims.text_ctx
             )));
         }
-        let t = Instant::now();
-        let r = self.decode_positions(tokens, rules)?;
-        if tokens.len() > 1 {
-            self.times.prefill += t.elapsed();
-            self.times.prefill_tokens += tokens.len();
-        } else {
-            self.times.decode += t.elapsed();
-            self.times.decode_steps += 1;
-        }
-        Ok(r)
+        self.decode_positions(tokens, rules)
     }
 
     fn set_suppress(&mut self, ids: &[u32]) -> Result<()> {
