@@ -1,3 +1,4 @@
 //! Models: plain structs of weights with a method per stage.
 
+pub mod nemotron_h;
 pub mod whisper;

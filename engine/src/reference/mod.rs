@@ -5,6 +5,7 @@
 //! - [`select`]: the masked argmax / log-sum-exp of one decoding step.
 //! - [`whisper`]: a whole Whisper built from those, itself held to CTranslate2.
 
+pub mod nemotron_h;
 pub mod ops;
 pub mod select;
 pub mod whisper;
