@@ -644,10 +644,7 @@ mod tests {
     }
 
     fn lse(xs: impl Iterator<Item = f32>) -> f64 {
-        let xs: Vec<f64> = xs
-            .map(f64::from)
-            .filter(|x| *x > f64::NEG_INFINITY)
-            .collect();
+        let xs: Vec<f64> = xs.map(f64::from).filter(|x| *x > f64::NEG_INFINITY).collect();
         let m = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         if m == f64::NEG_INFINITY {
             return m;
@@ -655,46 +652,10 @@ mod tests {
         m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
     }
 
-    /// The CPU model of the GPU selection kernel: mask the logits with the static list and
-    /// the step's rules, then reduce text and timestamps separately.
+    /// What the GPU selection kernel computes: the CPU reference of it, which the kernel
+    /// tests hold the kernel to.
     fn select(logits: &[f32], r: &StepRules, suppress: &[u32], sp: &SpecialTokens) -> StepScores {
-        let mut m = logits.to_vec();
-        for &id in suppress.iter().chain(&r.extra_suppress) {
-            if let Some(x) = m.get_mut(id as usize) {
-                *x = f32::NEG_INFINITY;
-            }
-        }
-        for id in 0..sp.timestamp_begin {
-            if r.mask_non_timestamps || (r.mask_text && id < sp.eot) {
-                m[id as usize] = f32::NEG_INFINITY;
-            }
-        }
-        for id in sp.timestamp_begin..sp.vocab {
-            if id < r.ts_lo || id >= r.ts_hi {
-                m[id as usize] = f32::NEG_INFINITY;
-            }
-        }
-        let reduce = |lo: u32, hi: u32| {
-            let (mut best, mut max) = (NONE, f32::NEG_INFINITY);
-            for id in lo..hi {
-                if m[id as usize] > max {
-                    (best, max) = (id, m[id as usize]);
-                }
-            }
-            (best, max, lse((lo..hi).map(|i| m[i as usize])) as f32)
-        };
-        let (text_best, text_max, text_lse) = reduce(0, sp.timestamp_begin);
-        let (ts_best, ts_max, ts_lse) = reduce(sp.timestamp_begin, sp.vocab);
-        StepScores {
-            text_best,
-            text_max,
-            text_lse,
-            ts_best,
-            ts_max,
-            ts_lse,
-            raw_lse: lse(logits.iter().copied()) as f32,
-            probe_logit: logits[r.probe as usize],
-        }
+        crate::reference::select::masked_scores(logits, suppress, r, sp.timestamp_begin, sp.eot)
     }
 
     /// What the fake model sees.

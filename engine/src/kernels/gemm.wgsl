@@ -9,7 +9,7 @@
 // each of the 256 threads owns a 4x4 block, rows ty+16i and columns tx+16j so that the
 // stores of a row are contiguous across threads.
 //
-// flags: 1 add bias, 2 GELU (exact, erf), 4 accumulate into Y (residual add: Y += ...),
+// flags: 1 add bias, 2 GELU (exact, erf; gelu.wgsl is prepended), 4 accumulate into Y (residual add: Y += ...),
 //        8 the input is a kernel-3 / padding-1 convolution read in place (im2col on the fly):
 //          X[m][k] = in[ci * conv_cs + t * conv_ts], ci = k / 3, t = m * conv_stride + k % 3 - 1,
 //          zero outside [0, conv_tin); the weight [Cout][Cin][3] is then exactly [N][K].
@@ -32,19 +32,6 @@ const BK: u32 = 16u;
 
 var<workgroup> xs: array<f32, 1024>; // [BK][BM]
 var<workgroup> ws: array<f32, 1024>; // [BK][BN]
-
-// erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), enough for f32 GELU.
-fn erf_approx(v: f32) -> f32 {
-    let s = sign(v);
-    let a = abs(v);
-    let t = 1.0 / (1.0 + 0.3275911 * a);
-    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
-    return s * (1.0 - poly * exp(-a * a));
-}
-
-fn gelu(v: f32) -> f32 {
-    return 0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752));
-}
 
 fn load_x(row: u32, col: u32) -> f32 {
     if (row >= p.m || col >= p.k) {

@@ -9,7 +9,7 @@
 // Splitting K matters on a big GPU: with one thread walking all of K per column pair, a
 // 384x1152 matrix gave 576 threads each with 384 loads in a row, 285 us per dispatch on
 // the H200; the slices cut the serial chain 8x and multiply the threads in flight.
-// flags as gemm.wgsl: 1 bias, 2 GELU, 4 accumulate.
+// flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate.
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
@@ -27,18 +27,6 @@ const CP: u32 = 32u;
 const KG: u32 = 8u;
 
 var<workgroup> red: array<vec2<f32>, 2048>; // [KG][MAXM][CP]
-
-fn erf_approx(v: f32) -> f32 {
-    let s = sign(v);
-    let a = abs(v);
-    let t = 1.0 / (1.0 + 0.3275911 * a);
-    let poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
-    return s * (1.0 - poly * exp(-a * a));
-}
-
-fn gelu(v: f32) -> f32 {
-    return 0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752));
-}
 
 fn finish(v0: f32, n: u32, mi: u32) {
     var v = v0;

@@ -224,8 +224,8 @@ impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
         Ok(Kernels {
-            gemm: gpu.kernel("gemm_f16", include_str!("gemm.wgsl"), &[R, R, R, W])?,
-            gemv: gpu.kernel("gemv_f16", include_str!("gemv.wgsl"), &[R, R, R, W])?,
+            gemm: gpu.kernel("gemm_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
+            gemv: gpu.kernel("gemv_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")), &[R, R, R, W])?,
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
             attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
