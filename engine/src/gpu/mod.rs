@@ -8,7 +8,7 @@
 
 mod recorder;
 
-pub use recorder::{Cost, KernelStat, Profile, Recorder};
+pub use recorder::{Cost, DispatchCache, KernelStat, Profile, Recorder};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -393,6 +393,12 @@ impl Gpu {
 
     /// Start recording dispatches for one submission.
     pub fn recorder(&self) -> Recorder<'_> {
-        Recorder::new(self)
+        Recorder::new(self, None)
+    }
+
+    /// A recorder that keeps bind groups and parameter slots in `cache` for the next
+    /// recording of the same sequence of dispatches (see [`DispatchCache`]).
+    pub fn recorder_cached<'a>(&'a self, cache: &'a mut DispatchCache) -> Recorder<'a> {
+        Recorder::new(self, Some(cache))
     }
 }

@@ -112,16 +112,39 @@ enum Cmd {
     },
 }
 
+/// Bind groups and parameter slots kept from one recording to the next. A sequence of
+/// dispatches that repeats with the same buffers (a decode step) then creates no bind
+/// groups after its first recording: dispatch i reuses slot i and, when its kernel and
+/// buffers are the ones it had last time, its bind group; only the parameter bytes are
+/// rewritten (one `write_buffer` per arena).
+#[derive(Default)]
+pub struct DispatchCache {
+    arenas: Vec<wgpu::Buffer>,
+    binds: Vec<Option<(&'static str, Vec<wgpu::Buffer>, wgpu::BindGroup)>>,
+}
+
 pub struct Recorder<'g> {
     gpu: &'g Gpu,
     cmds: Vec<Cmd>,
-    arenas: Vec<(wgpu::Buffer, Vec<u8>)>,
+    /// Parameter arenas: the buffer, the bytes to upload, and whether it goes back to the
+    /// device's pool after the submit (not when it belongs to a cache).
+    arenas: Vec<(wgpu::Buffer, Vec<u8>, bool)>,
     stage: &'static str,
+    cache: Option<&'g mut DispatchCache>,
 }
 
 impl<'g> Recorder<'g> {
-    pub(super) fn new(gpu: &'g Gpu) -> Self {
-        Recorder { gpu, cmds: Vec::new(), arenas: Vec::new(), stage: "" }
+    pub(super) fn new(gpu: &'g Gpu, cache: Option<&'g mut DispatchCache>) -> Self {
+        Recorder { gpu, cmds: Vec::new(), arenas: Vec::new(), stage: "", cache }
+    }
+
+    fn new_arena(&self) -> wgpu::Buffer {
+        self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kernel parameters"),
+            size: SLOT * SLOTS_PER_ARENA,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
     }
 
     /// Name the stage the following dispatches belong to (encoder, prefill, decode...).
@@ -137,27 +160,33 @@ impl<'g> Recorder<'g> {
         self.cmds.is_empty()
     }
 
-    /// Write `params` into a fresh uniform slot; returns (arena index, byte offset).
+    /// Write `params` into the next uniform slot; returns (arena index, byte offset).
     fn param_slot(&mut self, params: &[u8]) -> Result<(usize, u64)> {
         if params.len() as u64 > SLOT {
             return Err(Error::Invalid(format!("kernel parameters of {} bytes exceed a slot", params.len())));
         }
         let need_new = match self.arenas.last() {
-            Some((_, data)) => data.len() as u64 >= SLOT * SLOTS_PER_ARENA,
+            Some((_, data, _)) => data.len() as u64 >= SLOT * SLOTS_PER_ARENA,
             None => true,
         };
         if need_new {
-            let pooled = self.gpu.arena_pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let buf = match pooled {
-                Some(b) => b,
-                None => self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("kernel parameters"),
-                    size: SLOT * SLOTS_PER_ARENA,
-                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                }),
+            let idx = self.arenas.len();
+            let cached = self.cache.as_ref().and_then(|c| c.arenas.get(idx).cloned());
+            let (buf, pooled) = match (cached, self.cache.is_some()) {
+                (Some(b), _) => (b, false),
+                (None, true) => {
+                    let b = self.new_arena();
+                    if let Some(c) = self.cache.as_mut() {
+                        c.arenas.push(b.clone());
+                    }
+                    (b, false)
+                }
+                (None, false) => {
+                    let pooled = self.gpu.arena_pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+                    (pooled.unwrap_or_else(|| self.new_arena()), true)
+                }
             };
-            self.arenas.push((buf, Vec::with_capacity((SLOT * SLOTS_PER_ARENA) as usize)));
+            self.arenas.push((buf, Vec::with_capacity((SLOT * SLOTS_PER_ARENA) as usize), pooled));
         }
         let idx = self.arenas.len() - 1;
         let data = &mut self.arenas[idx].1;
@@ -193,23 +222,44 @@ impl<'g> Recorder<'g> {
             return Ok(()); // nothing to do (an empty range)
         }
         let (ai, off) = self.param_slot(params)?;
-        let mut entries = Vec::with_capacity(buffers.len() + 1);
-        entries.push(wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.arenas[ai].0,
-                offset: off,
-                size: wgpu::BufferSize::new(SLOT),
-            }),
+        let slot = (ai as u64 * SLOTS_PER_ARENA + off / SLOT) as usize;
+        let reuse = self.cache.as_ref().and_then(|c| match c.binds.get(slot) {
+            Some(Some((name, bufs, bg)))
+                if *name == kernel.name && bufs.len() == buffers.len() && bufs.iter().zip(buffers).all(|(a, b)| a == *b) =>
+            {
+                Some(bg.clone())
+            }
+            _ => None,
         });
-        for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
-        }
-        let bind = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name),
-            layout: &kernel.layout,
-            entries: &entries,
-        });
+        let bind = match reuse {
+            Some(bg) => bg,
+            None => {
+                let mut entries = Vec::with_capacity(buffers.len() + 1);
+                entries.push(wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &self.arenas[ai].0,
+                        offset: off,
+                        size: wgpu::BufferSize::new(SLOT),
+                    }),
+                });
+                for (i, b) in buffers.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+                }
+                let bg = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(kernel.name),
+                    layout: &kernel.layout,
+                    entries: &entries,
+                });
+                if let Some(c) = self.cache.as_mut() {
+                    if c.binds.len() <= slot {
+                        c.binds.resize(slot + 1, None);
+                    }
+                    c.binds[slot] = Some((kernel.name, buffers.iter().map(|b| (*b).clone()).collect(), bg.clone()));
+                }
+                bg
+            }
+        };
         self.cmds.push(Cmd::Dispatch { kernel: kernel.clone(), bind, groups, stage: self.stage, cost });
         Ok(())
     }
@@ -227,7 +277,7 @@ impl<'g> Recorder<'g> {
     /// dispatch after the writes of the previous one) and `profile` gets counts and bytes.
     pub fn submit(mut self, profile: Option<&mut Profile>) -> Result<()> {
         let gpu = self.gpu;
-        for (buf, data) in &self.arenas {
+        for (buf, data, _) in &self.arenas {
             gpu.queue.write_buffer(buf, 0, data);
         }
         let cmds = std::mem::take(&mut self.cmds);
@@ -310,8 +360,10 @@ impl<'g> Recorder<'g> {
         // The arenas' contents are in the queue now; they can serve the next recorder.
         {
             let mut pool = gpu.arena_pool.lock().unwrap_or_else(|p| p.into_inner());
-            for (buf, _) in self.arenas.drain(..) {
-                pool.push(buf);
+            for (buf, _, pooled) in self.arenas.drain(..) {
+                if pooled {
+                    pool.push(buf);
+                }
             }
         }
         gpu.check()?;

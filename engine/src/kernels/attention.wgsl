@@ -289,8 +289,18 @@ fn main_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     var lmax = NEG;
     for (var j = lid; j < kmax; j += AW) {
         let kb = p.k_off + j * p.k_stride + h * d;
-        var dot_ = 0.0;
-        for (var c = 0u; c < d; c++) {
+        // Eight key elements loaded before any is used (latency, as in gemv.wgsl).
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        var c = 0u;
+        for (; c + 8u <= d; c += 8u) {
+            let k0 = vec4<f32>(k[kb + c], k[kb + c + 1u], k[kb + c + 2u], k[kb + c + 3u]);
+            let k1 = vec4<f32>(k[kb + c + 4u], k[kb + c + 5u], k[kb + c + 6u], k[kb + c + 7u]);
+            a = fma(vec4<f32>(qs[c], qs[c + 1u], qs[c + 2u], qs[c + 3u]), k0, a);
+            b = fma(vec4<f32>(qs[c + 4u], qs[c + 5u], qs[c + 6u], qs[c + 7u]), k1, b);
+        }
+        var dot_ = a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
+        for (; c < d; c++) {
             dot_ = fma(qs[c], k[kb + c], dot_);
         }
         sc[j] = dot_;

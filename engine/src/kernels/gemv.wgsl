@@ -57,7 +57,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
         acc[i] = vec2<f32>(0.0, 0.0);
     }
     if (cw < nw) {
-        for (var k = k0; k < k1; k++) {
+        // Four weight words issued back to back before they are used: a GPU thread stalls
+        // at the first use of a load, so a plain loop pays the memory latency per word.
+        var k = k0;
+        for (; k + 4u <= k1; k += 4u) {
+            let w0 = unpack2x16float(w[k * nw + cw]);
+            let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
+            let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
+            let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
+            for (var mi = 0u; mi < m; mi++) {
+                let xb = p.x_off + mi * p.x_stride + k;
+                var a = acc[mi];
+                a = fma(vec2<f32>(x[xb]), w0, a);
+                a = fma(vec2<f32>(x[xb + 1u]), w1, a);
+                a = fma(vec2<f32>(x[xb + 2u]), w2, a);
+                a = fma(vec2<f32>(x[xb + 3u]), w3, a);
+                acc[mi] = a;
+            }
+        }
+        for (; k < k1; k++) {
             let wv = unpack2x16float(w[k * nw + cw]);
             for (var mi = 0u; mi < m; mi++) {
                 acc[mi] = fma(vec2<f32>(x[p.x_off + mi * p.x_stride + k]), wv, acc[mi]);

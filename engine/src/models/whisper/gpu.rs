@@ -19,7 +19,7 @@ use wgpu::Buffer;
 use super::checkpoint::Checkpoint;
 use super::Dims;
 use crate::decode::{LogitSource, StepRules, StepScores};
-use crate::gpu::{Gpu, Profile, Recorder};
+use crate::gpu::{DispatchCache, Gpu, Profile};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, Rows,
 };
@@ -95,10 +95,15 @@ pub struct GpuWhisper {
     logits: Buffer,
     suppress: Buffer,
     select_out: Buffer,
+    /// Host-mappable copy of `select_out`, reused every step (no buffer creation and no
+    /// second submission per step).
+    readback: Buffer,
     kv_len: usize,
     window_ready: bool,
     /// Per-kernel records (GPU times when the device has timestamps and profiling is on).
     pub profile: Profile,
+    enc_cache: DispatchCache,
+    dec_cache: DispatchCache,
 }
 
 fn norm(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Norm> {
@@ -211,20 +216,23 @@ impl GpuWhisper {
             logits: g.buffer("logits", f32s(dims.vocab))?,
             suppress: g.upload_u32("suppress", &suppress_bitmask(&[], dims.vocab as u32))?,
             select_out: g.buffer("select out", 32)?,
+            readback: g.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("select readback"),
+                size: 32,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
             kv_len: 0,
             window_ready: false,
             profile: Profile::default(),
+            enc_cache: DispatchCache::default(),
+            dec_cache: DispatchCache::default(),
             gpu,
         })
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
-    }
-
-    /// Submit, booking the dispatches in the profile (timed when the device profiles).
-    fn submit(&mut self, rec: Recorder) -> Result<()> {
-        rec.submit(Some(&mut self.profile))
     }
 
     fn encode(&mut self, mel: &[f32]) -> Result<()> {
@@ -234,7 +242,7 @@ impl GpuWhisper {
         let g = self.gpu.clone();
         g.write(&self.mel, 0, bytemuck::cast_slice(mel));
         let k = &self.kern;
-        let mut rec = g.recorder();
+        let mut rec = g.recorder_cached(&mut self.enc_cache);
         rec.stage("encoder");
         let gelu = Epilogue { gelu: true, accumulate: false };
         // conv1 reads the mel channel-major [n_mels][frames] and writes time-major [frames][d].
@@ -285,7 +293,7 @@ impl GpuWhisper {
         for l in &self.dec_layers {
             k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.cross_kv.w, Some(&l.cross_kv.b), Rows::new(&l.enc_kv, 2 * du), plain)?;
         }
-        self.submit(rec)?;
+        rec.submit(Some(&mut self.profile))?;
         self.gpu.wait()
     }
 
@@ -317,7 +325,8 @@ impl GpuWhisper {
         let hd = self.dims.head_dim() as u32;
         let (acc, plain) = (Epilogue { gelu: false, accumulate: true }, Epilogue::default());
         let gelu = Epilogue { gelu: true, accumulate: false };
-        let mut rec = g.recorder();
+        // The same dispatches on the same buffers every step: bind groups are built once.
+        let mut rec = g.recorder_cached(&mut self.dec_cache);
         rec.stage(if n > 1 { "prefill" } else { "decode" });
         k.embed(&mut rec, &self.tokens, m, &self.emb, &self.dec_pos, p0, &self.dec_x)?;
         for l in &self.dec_layers {
@@ -367,8 +376,14 @@ impl GpuWhisper {
         k.linear(&mut rec, Rows::new(&self.dec_xn, d), 1, &self.emb, None, Rows::new(&self.logits, self.dims.vocab), plain)?;
         let sp = select_params(rules, vocab, self.ts_begin, self.eot, 0);
         k.select(&mut rec, &self.logits, &self.suppress, &sp, &self.select_out)?;
-        self.submit(rec)?;
-        let words = g.read_u32(&self.select_out, 0, 8)?;
+        rec.copy(&self.select_out, 0, &self.readback, 0, 32);
+        rec.submit(Some(&mut self.profile))?;
+        g.map_and_wait(&self.readback)?;
+        let words: Vec<u32> = {
+            let view = self.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading scores back: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view)
+        };
+        self.readback.unmap();
         self.kv_len += n;
         Ok(scores_from_words(&words))
     }
