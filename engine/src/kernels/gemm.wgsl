@@ -48,18 +48,44 @@ fn load_x(row: u32, col: u32) -> f32 {
     return x[p.x_off + row * p.x_stride + col];
 }
 
+// One output element's epilogue: bias, GELU, residual accumulate, store.
+fn store(row: u32, col: u32, acc: f32) {
+    if (row >= p.m || col >= p.n) {
+        return;
+    }
+    var v = acc;
+    if ((p.flags & 1u) != 0u) {
+        v += bias[col];
+    }
+    if ((p.flags & 2u) != 0u) {
+        v = gelu(v);
+    }
+    let o = p.y_off + row * p.y_stride + col;
+    if ((p.flags & 4u) != 0u) {
+        v += y[o];
+    }
+    y[o] = v;
+}
+
+fn store_row(row: u32, col: u32, acc: vec4<f32>) {
+    store(row, col, acc.x);
+    store(row, col + 16u, acc.y);
+    store(row, col + 32u, acc.z);
+    store(row, col + 48u, acc.w);
+}
+
+// The 4x4 block of a thread is four vec4 accumulators, not a private array: a private
+// array indexed in loops can end up in (slow) local memory instead of registers.
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>,
         @builtin(local_invocation_id) li: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let row0 = wg.y * BM;
     let col0 = wg.x * BN;
-    var acc: array<array<f32, 4>, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
-            acc[i][j] = 0.0;
-        }
-    }
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
     let nw = p.n / 2u;
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         // X tile: 64 rows x 16 columns, 4 elements per thread.
@@ -85,42 +111,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            var a: array<f32, 4>;
-            var b: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = xs[kk * BM + li.y + 16u * i];
-                b[i] = ws[kk * BN + li.x + 16u * i];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] = fma(a[i], b[j], acc[i][j]);
-                }
-            }
+            let xb = kk * BM + li.y;
+            let wb = kk * BN + li.x;
+            let b = vec4<f32>(ws[wb], ws[wb + 16u], ws[wb + 32u], ws[wb + 48u]);
+            c0 = fma(vec4<f32>(xs[xb]), b, c0);
+            c1 = fma(vec4<f32>(xs[xb + 16u]), b, c1);
+            c2 = fma(vec4<f32>(xs[xb + 32u]), b, c2);
+            c3 = fma(vec4<f32>(xs[xb + 48u]), b, c3);
         }
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i++) {
-        let row = row0 + li.y + 16u * i;
-        if (row >= p.m) {
-            continue;
-        }
-        for (var j = 0u; j < 4u; j++) {
-            let col = col0 + li.x + 16u * j;
-            if (col >= p.n) {
-                continue;
-            }
-            var v = acc[i][j];
-            if ((p.flags & 1u) != 0u) {
-                v += bias[col];
-            }
-            if ((p.flags & 2u) != 0u) {
-                v = gelu(v);
-            }
-            let o = p.y_off + row * p.y_stride + col;
-            if ((p.flags & 4u) != 0u) {
-                v += y[o];
-            }
-            y[o] = v;
-        }
-    }
+    let col = col0 + li.x;
+    store_row(row0 + li.y, col, c0);
+    store_row(row0 + li.y + 16u, col, c1);
+    store_row(row0 + li.y + 32u, col, c2);
+    store_row(row0 + li.y + 48u, col, c3);
 }

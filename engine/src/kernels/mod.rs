@@ -6,6 +6,8 @@
 #[cfg(test)]
 mod tests;
 
+pub mod nemotron;
+
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
@@ -209,6 +211,9 @@ pub struct AttentionArgs<'a> {
 /// has an optional input that is absent (no bias).
 pub struct Kernels {
     gemm: Arc<Kernel>,
+    /// The same GEMM source compiled under its own name, so the profile tells the
+    /// convolutions (im2col reads) from the linear layers.
+    conv: Arc<Kernel>,
     gemv: Arc<Kernel>,
     layernorm: Arc<Kernel>,
     attention: Arc<Kernel>,
@@ -225,6 +230,7 @@ impl Kernels {
         use Access::{Read as R, ReadWrite as W};
         Ok(Kernels {
             gemm: gpu.kernel("gemm_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
+            conv: gpu.kernel("conv_k3_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
             gemv: gpu.kernel("gemv_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")), &[R, R, R, W])?,
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
@@ -319,7 +325,7 @@ impl Kernels {
         let (m64, n64, k64) = (t_out as u64, w.n as u64, w.k as u64);
         let cost = Cost { bytes: w.bytes() + (k64 / 3) * t_in as u64 * 4 + m64 * n64 * 4, flops: 2 * m64 * n64 * k64 };
         rec.dispatch(
-            &self.gemm,
+            &self.conv,
             bytemuck::bytes_of(&params),
             &[input, &w.buf, bias, out],
             [w.n.div_ceil(64), t_out.div_ceil(64), 1],
