@@ -1,0 +1,1054 @@
+//! Kernel lab: the engine's kernels benchmarked in isolation on synthetic data (no model),
+//! so one number answers one question.
+//!
+//! ```text
+//! cargo run --release -p verbatim-engine --bin kernel-lab -- [--small] [--mib N] [--batches B]
+//!     [--reps R] [--n N] [--k K] [--chain N]
+//! ```
+//!
+//! What it measures:
+//! - the **copy ceiling**: dst = src in 16-byte loads/stores over large buffers (`--mib`);
+//!   every GB/s below is also given as a percentage of the best copy of this same run;
+//! - f16 **GEMV variants** at M = 1 (a batch-1 decode step) on a matrix far larger than any
+//!   last-level cache: the shipped kernel, rewrites of it that change one thing each, and a
+//!   lab template (`kernel_lab/gemv_m1.wgsl`) for changes the shipped kernel cannot express;
+//! - the **pure-read ceiling** of each GEMV access pattern: the same loads, in the same order
+//!   and addressing, with no arithmetic; a GEMV near its read twin is limited by how it
+//!   addresses memory, not by its arithmetic, and only a different shape can help it;
+//! - the **dependent-dispatch chain** (launch + barrier per dispatch, as a decode step pays)
+//!   against the same dispatches made independent, and the **submit/poll turnaround**.
+//!
+//! Habits that keep the numbers honest (from the seed's lessons):
+//! - a time is the MINIMUM over several timed batches after a discarded warm-up batch:
+//!   contention only ever slows a kernel down, so the minimum is the least contaminated
+//!   estimate; the **spread** (worst/best) says how much to distrust it;
+//! - a batch is one pass of R dispatches bracketed by GPU timestamps (wall clock around
+//!   submit + wait where the adapter has no timestamp queries), so launch gaps are included
+//!   exactly as a real step of back-to-back kernels sees them;
+//! - every variant made by rewriting source text asserts that each replaced text occurred
+//!   exactly once, and that the dispatch geometry matches the constants in the final source:
+//!   a rewrite that silently matched nothing would benchmark the unmodified kernel under a
+//!   variant's name;
+//! - every GEMV variant is checked against a CPU computation (output poisoned with NaN first)
+//!   before it is timed: a fast wrong kernel is reported WRONG, never timed.
+//!
+//! Adapters differ (subgroup size 4..128, limits, features): nothing here assumes a subgroup
+//! size; variants the adapter cannot run are listed as skipped, with the reason.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use engine::gpu::{Access, Gpu, GpuOptions, Kernel};
+use wgpu::util::DeviceExt;
+
+type LabResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// ‖gpu − cpu‖ / ‖cpu‖ a GEMV must meet to be timed. f16 weights are exact in f32 and the
+/// sums are f32 over a few thousand terms (≈1e-6 expected); a wrong kernel is off by O(1).
+const REL_BOUND: f64 = 1e-4;
+
+/// Grid dimension the kernels fold with `wg.x + wg.y * 32768u` (the per-dimension limit is
+/// 65535 and one GiB of vec4 needs 262144 workgroups of 256).
+const GRID_ROW: u32 = 32768;
+
+const GEMV_PROD: &str = concat!(include_str!("../kernels/gelu.wgsl"), include_str!("../kernels/gemv.wgsl"));
+const GEMV_TEMPLATE: &str = include_str!("kernel_lab/gemv_m1.wgsl");
+const COPY: &str = include_str!("kernel_lab/copy.wgsl");
+const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
+const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
+
+// ---------------------------------------------------------------------------------------
+// Command line
+
+struct Args {
+    batches: u32,
+    reps: u32,
+    copy_mib: u64,
+    n: u32,
+    k: u32,
+    chain: u32,
+}
+
+const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps R] [--n N] [--k K] [--chain N]
+  --small      lavapipe-sized run: 2048x1024 GEMV, 32 MiB copy (default 16384x4096, 1 GiB)
+  --mib N      copy-ceiling buffer size in MiB (clamped to the adapter's binding limit)
+  --batches B  timed batches per measurement, after one warm-up batch (default 5)
+  --reps R     dispatches per batch (default 20; 8 with --small)
+  --n N --k K  GEMV output columns and reduction length (N a multiple of 8)
+  --chain N    dispatches in the dispatch-cost chains (default 256)";
+
+fn parse_args() -> Result<Args, String> {
+    let mut small = false;
+    let (mut mib, mut n, mut k) = (None, None, None);
+    let (mut batches, mut reps, mut chain) = (5u32, None, 256u32);
+    let mut it = std::env::args().skip(1);
+    fn value<T: std::str::FromStr>(it: &mut impl Iterator<Item = String>, flag: &str) -> Result<T, String> {
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag}: \"{v}\" is not a number"))
+    }
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--small" => small = true,
+            "--mib" => mib = Some(value::<u64>(&mut it, "--mib")?),
+            "--batches" => batches = value(&mut it, "--batches")?,
+            "--reps" => reps = Some(value::<u32>(&mut it, "--reps")?),
+            "--n" => n = Some(value::<u32>(&mut it, "--n")?),
+            "--k" => k = Some(value::<u32>(&mut it, "--k")?),
+            "--chain" => chain = value(&mut it, "--chain")?,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument \"{other}\"\n{USAGE}")),
+        }
+    }
+    let args = Args {
+        batches,
+        // lavapipe runs the kernels on a CPU, often a busy one: fewer reps keep --small short.
+        reps: reps.unwrap_or(if small { 8 } else { 20 }),
+        copy_mib: mib.unwrap_or(if small { 32 } else { 1024 }),
+        n: n.unwrap_or(if small { 2048 } else { 16384 }),
+        k: k.unwrap_or(if small { 1024 } else { 4096 }),
+        chain,
+    };
+    if args.batches == 0 || args.reps == 0 || args.chain == 0 || args.copy_mib == 0 {
+        return Err("--batches, --reps, --chain and --mib must be at least 1".into());
+    }
+    if args.n == 0 || !args.n.is_multiple_of(8) || args.k == 0 {
+        return Err("--n must be a positive multiple of 8 (vec4 loads hold 8 columns) and --k positive".into());
+    }
+    // The chain check counts in f32, exact below 2^24.
+    if (args.batches as u64 + 1) * args.chain as u64 >= 1 << 24 {
+        return Err("--chain x (--batches + 1) must stay below 2^24".into());
+    }
+    Ok(args)
+}
+
+// ---------------------------------------------------------------------------------------
+// Timing
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Clock {
+    /// GPU timestamps at the start and end of the batch's pass.
+    Gpu,
+    /// Wall clock around submit + wait (includes the submit turnaround).
+    Wall,
+}
+
+/// Seconds per dispatch (or per round trip): best and worst of the timed batches.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    best: f64,
+    worst: f64,
+    clock: Clock,
+}
+
+impl Timing {
+    fn from_batches(per_item: &[f64], clock: Clock) -> Timing {
+        let best = per_item.iter().copied().fold(f64::INFINITY, f64::min);
+        let worst = per_item.iter().copied().fold(0.0, f64::max);
+        Timing { best, worst, clock }
+    }
+    fn spread(&self) -> f64 {
+        self.worst / self.best
+    }
+}
+
+struct Lab<'g> {
+    gpu: &'g Gpu,
+    batches: u32,
+    timestamps: bool,
+    period_ns: f64,
+}
+
+impl Lab<'_> {
+    fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
+        self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("lab params"),
+            contents: bytemuck::cast_slice(words),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+    }
+
+    /// A bind group in our kernels' convention: binding 0 the parameter block, 1.. buffers.
+    fn bind(&self, k: &Kernel, params: &wgpu::Buffer, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: params.as_entire_binding() }];
+        for (i, b) in bufs.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+        }
+        self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(k.name),
+            layout: &k.layout,
+            entries: &entries,
+        })
+    }
+
+    /// One dispatch, waited for (correctness checks, fills).
+    fn run_once(&self, k: &Kernel, bind: &wgpu::BindGroup, grid: [u32; 2]) -> LabResult<()> {
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass =
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(k.name), timestamp_writes: None });
+            pass.set_pipeline(&k.pipeline);
+            pass.set_bind_group(0, bind, &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], 1);
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        self.gpu.wait()?;
+        Ok(())
+    }
+
+    /// Time `per_batch` dispatches of `k` in one pass (bind groups used in turn), one warm-up
+    /// batch then `self.batches` timed ones, each its own submit + wait. Pipeline and bind
+    /// group are set before every dispatch, as the engine's recorder does.
+    fn time(&self, k: &Kernel, binds: &[wgpu::BindGroup], grid: [u32; 2], per_batch: u32) -> LabResult<Timing> {
+        let dev = &self.gpu.device;
+        let total = self.batches + 1;
+        let qs = self.timestamps.then(|| {
+            dev.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("lab timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2 * total,
+            })
+        });
+        let mut wall = Vec::new();
+        for b in 0..total {
+            let mut enc = dev.create_command_encoder(&Default::default());
+            {
+                let tw = qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                    query_set: q,
+                    beginning_of_pass_write_index: Some(2 * b),
+                    end_of_pass_write_index: Some(2 * b + 1),
+                });
+                let mut pass =
+                    enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(k.name), timestamp_writes: tw });
+                for i in 0..per_batch as usize {
+                    pass.set_pipeline(&k.pipeline);
+                    pass.set_bind_group(0, &binds[i % binds.len()], &[]);
+                    pass.dispatch_workgroups(grid[0], grid[1], 1);
+                }
+            }
+            let cmd = enc.finish(); // encoding stays outside the wall-clock window
+            let t0 = Instant::now();
+            self.gpu.queue.submit([cmd]);
+            self.gpu.wait()?;
+            wall.push(t0.elapsed().as_secs_f64() / per_batch as f64);
+        }
+        let wall_t = Timing::from_batches(&wall[1..], Clock::Wall);
+        let Some(qs) = qs else { return Ok(wall_t) };
+        let resolve = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("lab timestamps"),
+            size: 16 * total as u64,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = dev.create_command_encoder(&Default::default());
+        enc.resolve_query_set(&qs, 0..2 * total, &resolve, 0);
+        self.gpu.queue.submit([enc.finish()]);
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.gpu.read(&resolve, 0, 16 * total as u64)?);
+        let mut gpu = Vec::new();
+        for b in 1..total as usize {
+            let (a, e) = (ticks[2 * b], ticks[2 * b + 1]);
+            if e <= a {
+                // A driver that writes no (or wrapped) timestamps: better the wall clock
+                // than a zero that reads as infinite bandwidth.
+                eprintln!("  {}: GPU timestamps unusable ({a}..{e}); using wall clock", k.name);
+                return Ok(wall_t);
+            }
+            gpu.push((e - a) as f64 * self.period_ns * 1e-9 / per_batch as f64);
+        }
+        Ok(Timing::from_batches(&gpu, Clock::Gpu))
+    }
+
+    /// Wall time of one submit + wait round trip, `per_batch` of them per batch.
+    fn time_round_trips(&self, per_batch: u32, mut record: impl FnMut() -> wgpu::CommandBuffer) -> LabResult<Timing> {
+        let mut v = Vec::new();
+        for b in 0..=self.batches {
+            let mut sum = 0.0;
+            for _ in 0..per_batch {
+                let cmd = record();
+                let t0 = Instant::now();
+                self.gpu.queue.submit([cmd]);
+                self.gpu.wait()?;
+                sum += t0.elapsed().as_secs_f64();
+            }
+            if b > 0 {
+                v.push(sum / per_batch as f64);
+            }
+        }
+        Ok(Timing::from_batches(&v, Clock::Wall))
+    }
+}
+
+fn grid(groups: u64) -> [u32; 2] {
+    let rows = groups.div_ceil(GRID_ROW as u64);
+    if rows <= 1 {
+        [groups as u32, 1]
+    } else {
+        [GRID_ROW, rows as u32]
+    }
+}
+
+/// A kernel name for the engine's pipeline cache, which keys on `&'static str`. The lab
+/// compiles a few dozen kernels once each, so leaking their names is harmless.
+fn static_name(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+// ---------------------------------------------------------------------------------------
+// Source rewrites
+
+type Edit = (String, String);
+
+fn edit(from: impl Into<String>, to: impl Into<String>) -> Edit {
+    (from.into(), to.into())
+}
+
+/// Apply `edits` in order, each of which must match exactly once; panics otherwise. A
+/// rewrite that matches nothing would leave the parent kernel in place under the variant's
+/// name, and one that matches twice changes more than it says.
+fn rewrite(what: &str, src: &str, edits: &[Edit]) -> String {
+    let mut s = src.to_string();
+    for (from, to) in edits {
+        let n = s.matches(from.as_str()).count();
+        assert!(
+            n == 1,
+            "{what}: rewrite expected {from:?} exactly once in its parent's source, found it {n} times \
+             (the kernel changed; update the lab's rewrite)"
+        );
+        s = s.replacen(from.as_str(), to, 1);
+    }
+    assert_ne!(s, src, "{what}: the rewrite left the source unchanged");
+    s
+}
+
+fn konst(name: &str, from: u32, to: u32) -> Edit {
+    edit(format!("const {name}: u32 = {from}u;"), format!("const {name}: u32 = {to}u;"))
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMV variants
+
+/// What the host dispatches a GEMV variant with; checked against the variant's source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    /// Threads along N per workgroup.
+    cp: u32,
+    /// K slices per workgroup.
+    kg: u32,
+    /// u32 words each thread loads per k (1, or 4 as a vec4).
+    wpt: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// kernels/gemv.wgsl: a [KG][MAXM=8][CP] vec2 reduction array.
+    Prod,
+    /// kernel_lab/gemv_m1.wgsl: a [KG][CP] array of WPT vec2.
+    Template,
+}
+
+#[derive(Clone)]
+struct Variant {
+    name: String,
+    change: String,
+    family: Family,
+    shape: Shape,
+    src: String,
+    needs_subgroups: bool,
+    /// The pure-read twin: output of KG x (N / 2 WPT) words instead of N floats.
+    pure_read: bool,
+}
+
+impl Variant {
+    fn shared_bytes(&self) -> u32 {
+        let s = self.shape;
+        match (self.family, self.pure_read) {
+            (_, true) => 0,
+            (Family::Prod, _) => s.kg * 8 * s.cp * 8,
+            (Family::Template, _) => s.kg * s.cp * s.wpt * 8,
+        }
+    }
+
+    /// Guard: the constants in the final source are the ones the host dispatches with.
+    fn assert_shape(&self) {
+        let s = self.shape;
+        let mut want = vec![format!("const CP: u32 = {}u;", s.cp), format!("const KG: u32 = {}u;", s.kg)];
+        match self.family {
+            Family::Prod => want.push(format!("@workgroup_size({}, {})", s.cp, s.kg)),
+            Family::Template => want.push(format!("const WPT: u32 = {}u;", s.wpt)),
+        }
+        for w in want {
+            assert!(self.src.contains(&w), "{}: source lacks {w:?}: host geometry and kernel disagree", self.name);
+        }
+    }
+
+    fn child(&self, name: &str, change: &str, shape: Shape, edits: &[Edit]) -> Variant {
+        let v = Variant {
+            name: name.into(),
+            change: change.into(),
+            shape,
+            src: rewrite(name, &self.src, edits),
+            ..self.clone()
+        };
+        v.assert_shape();
+        v
+    }
+}
+
+/// The shipped kernel with CP and/or KG changed: its workgroup size and its reduction array
+/// ([KG][MAXM][CP]) are literals there and must follow.
+fn prod_reshape(parent: &Variant, name: &str, change: &str, cp: u32, kg: u32) -> Variant {
+    let p = parent.shape;
+    let mut edits = Vec::new();
+    if cp != p.cp {
+        edits.push(konst("CP", p.cp, cp));
+    }
+    if kg != p.kg {
+        edits.push(konst("KG", p.kg, kg));
+    }
+    edits.push(edit(format!("@workgroup_size({}, {})", p.cp, p.kg), format!("@workgroup_size({cp}, {kg})")));
+    edits.push(edit(format!("array<vec2<f32>, {}>", p.kg * 8 * p.cp), format!("array<vec2<f32>, {}>", kg * 8 * cp)));
+    parent.child(name, change, Shape { cp, kg, ..p }, &edits)
+}
+
+/// Template edits: u32 loads -> one vec4<u32> load (8 columns) per thread per k.
+fn vec4_edits() -> Vec<Edit> {
+    vec![
+        konst("WPT", 1, 4),
+        edit("var<storage, read> w: array<u32>;", "var<storage, read> w: array<vec4<u32>>;"),
+        edit(
+            "    return array<vec2<f32>, WPT>(unpack2x16float(w[i]));",
+            "    let q = w[i];\n    return array<vec2<f32>, WPT>(unpack2x16float(q.x), unpack2x16float(q.y), \
+             unpack2x16float(q.z), unpack2x16float(q.w));",
+        ),
+        edit("    return w[i];", "    let q = w[i];\n    return q.x ^ q.y ^ q.z ^ q.w;"),
+    ]
+}
+
+/// Template edits: the K slices that share a subgroup are merged with butterfly shuffles
+/// (lanes CP, 2CP, ... apart hold the same columns), leaving one partial per subgroup for
+/// workgroup memory and cutting its traffic by subgroup_size / CP. Thread roles are taken
+/// from the subgroup built-ins instead of local_invocation_id, so nothing assumes how an
+/// implementation lays subgroups over the workgroup; it does need subgroup_size >= CP
+/// (checked by the host against the sizes the probe kernel saw; a driver that picked a
+/// smaller one for this kernel would fail the CPU check, not pass wrong) and a workgroup
+/// made of whole subgroups (CP*KG = 256 is). naga only accepts subgroup_id in a
+/// one-dimensional workgroup, so the same CP*KG invocations are declared flat.
+fn subgroup_edits() -> Vec<Edit> {
+    vec![
+        edit("@compute @workgroup_size(CP, KG)", "@compute @workgroup_size(CP * KG)"),
+        edit(
+            "@builtin(local_invocation_id) li: vec3<u32>) {",
+            "@builtin(local_invocation_id) li: vec3<u32>,\n        @builtin(subgroup_invocation_id) sl: u32, \
+             @builtin(subgroup_size) ss: u32,\n        @builtin(subgroup_id) sid: u32, @builtin(num_subgroups) nsg: u32) {",
+        ),
+        edit(
+            "    let c = li.x; // which of the CP word groups of this workgroup\n    let s = li.y; // which K slice\n",
+            "    let c = sl % CP;\n    let s = sid * (ss / CP) + sl / CP;\n",
+        ),
+        edit(
+            "    red[s * CP + c] = acc;\n    workgroupBarrier();\n    if (s == 0u && g < ng) {\n        \
+             var t: array<vec2<f32>, WPT>;\n        for (var q = 0u; q < KG; q++) {",
+            "    for (var off = CP; off < ss; off *= 2u) {\n        for (var j = 0u; j < WPT; j++) {\n            \
+             acc[j] += subgroupShuffleXor(acc[j], off);\n        }\n    }\n    if (sl < CP) {\n        \
+             red[sid * CP + c] = acc;\n    }\n    workgroupBarrier();\n    if (sid == 0u && sl < CP && g < ng) {\n        \
+             var t: array<vec2<f32>, WPT>;\n        for (var q = 0u; q < nsg; q++) {",
+        ),
+    ]
+}
+
+/// The pure-read twin of a template shape: the same weight and x loads in the same order
+/// and addressing, folded with XOR (no unpack, no FMA, no merge, no barrier), one word
+/// written per thread so the loads cannot be dropped. The reduction array goes too: it is
+/// not part of the access pattern, and an unused one could still cost occupancy.
+fn read_twin(shape: Shape) -> Variant {
+    let base = template_root();
+    let mut edits = Vec::new();
+    if shape.cp != 32 {
+        edits.push(konst("CP", 32, shape.cp));
+    }
+    if shape.kg != 8 {
+        edits.push(konst("KG", 8, shape.kg));
+    }
+    if shape.wpt == 4 {
+        edits.extend(vec4_edits());
+    }
+    edits.push(edit("var<workgroup> red: array<array<vec2<f32>, WPT>, CP * KG>;\n", ""));
+    let tail = &base.src[base.src.find("    // -- body --").expect("template lost its body marker")..];
+    edits.push(edit(
+        tail,
+        "    // -- pure read --\n    var bits = 0u;\n    if (g < ng) {\n        for (var k = k0; k < k1; k++) {\n            \
+         bits ^= load_raw(k * ng + g) ^ bitcast<u32>(x[p.x_off + k]);\n        }\n        \
+         y[s * ng + g] = bitcast<f32>(bits);\n    }\n}\n",
+    ));
+    let name = format!("read.cp{}.kg{}.{}", shape.cp, shape.kg, if shape.wpt == 4 { "vec4" } else { "u32" });
+    let mut v = base.child(&name, "pure read of this access pattern", shape, &edits);
+    v.pure_read = true;
+    v
+}
+
+fn template_root() -> Variant {
+    let v = Variant {
+        name: "m1".into(),
+        change: "gemv, M fixed at 1 (lab template)".into(),
+        family: Family::Template,
+        shape: Shape { cp: 32, kg: 8, wpt: 1 },
+        src: GEMV_TEMPLATE.to_string(),
+        needs_subgroups: false,
+        pure_read: false,
+    };
+    v.assert_shape();
+    v
+}
+
+/// The GEMV variants, each named with its parent and the one thing it changes.
+fn gemv_variants() -> Vec<Variant> {
+    let prod = Variant {
+        name: "gemv".into(),
+        change: "kernels/gemv.wgsl as shipped".into(),
+        family: Family::Prod,
+        shape: Shape { cp: 32, kg: 8, wpt: 1 },
+        src: GEMV_PROD.to_string(),
+        needs_subgroups: false,
+        pure_read: false,
+    };
+    prod.assert_shape();
+    let m1 = template_root();
+    let v4 = m1.child("m1.vec4", "m1, vec4<u32> loads (8 cols/thread)", Shape { wpt: 4, ..m1.shape }, &vec4_edits());
+    let v4c8 = v4.child("m1.vec4.cp8", "m1.vec4, CP 32 -> 8", Shape { cp: 8, ..v4.shape }, &[konst("CP", 32, 8)]);
+    let v4c8k32 = v4c8.child(
+        "m1.vec4.cp8.kg32",
+        "m1.vec4.cp8, KG 8 -> 32",
+        Shape { kg: 32, ..v4c8.shape },
+        &[konst("KG", 8, 32)],
+    );
+    let v4c8k64 = v4c8k32.child(
+        "m1.vec4.cp8.kg64",
+        "m1.vec4.cp8.kg32, KG 32 -> 64",
+        Shape { kg: 64, ..v4c8k32.shape },
+        &[konst("KG", 32, 64)],
+    );
+    let mut sg = v4c8k32.child(
+        "m1.vec4.cp8.kg32.sg",
+        "m1.vec4.cp8.kg32, merge by subgroup shuffles",
+        v4c8k32.shape,
+        &subgroup_edits(),
+    );
+    sg.needs_subgroups = true;
+    let m1kg32 = m1.child("m1.kg32", "m1, KG 8 -> 32", Shape { kg: 32, ..m1.shape }, &[konst("KG", 8, 32)]);
+    let reshaped = [
+        prod_reshape(&prod, "gemv.cp16", "gemv, CP 32 -> 16 column pairs", 16, 8),
+        prod_reshape(&prod, "gemv.cp64", "gemv, CP 32 -> 64 column pairs", 64, 8),
+        prod_reshape(&prod, "gemv.kg4", "gemv, KG 8 -> 4 K slices", 32, 4),
+        prod_reshape(&prod, "gemv.kg16", "gemv, KG 8 -> 16 K slices", 32, 16),
+    ];
+    let mut all = vec![prod];
+    all.extend(reshaped);
+    all.extend([m1, m1kg32, v4, v4c8, v4c8k32, v4c8k64, sg]);
+    all
+}
+
+// ---------------------------------------------------------------------------------------
+// Report rows
+
+enum Section {
+    Copy,
+    Read,
+    Gemv,
+    Probe,
+}
+
+struct Row {
+    section: Section,
+    name: String,
+    change: String,
+    /// Back-to-back in one pass, each dispatch depending on the previous one.
+    dep: Option<Timing>,
+    /// The same dispatches writing distinct outputs (wgpu puts no barrier between them).
+    indep: Option<Timing>,
+    bytes: Option<u64>,
+    twin: Option<String>,
+    check: String,
+}
+
+impl Row {
+    fn new(section: Section, name: &str, change: &str) -> Row {
+        Row {
+            section,
+            name: name.into(),
+            change: change.into(),
+            dep: None,
+            indep: None,
+            bytes: None,
+            twin: None,
+            check: String::new(),
+        }
+    }
+    fn gbs(&self) -> Option<f64> {
+        Some(self.bytes? as f64 / self.dep?.best / 1e9)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Probes
+
+/// Which subgroup sizes compute work really runs at (min, max), from the built-in.
+fn probe_subgroup_size(lab: &Lab) -> LabResult<(u32, u32)> {
+    let gpu = lab.gpu;
+    let k = gpu.kernel("lab.subgroup_size", SUBGROUP_SIZE, &[Access::ReadWrite])?;
+    let o = gpu.upload_u32("lab subgroup sizes", &[u32::MAX, 0])?;
+    let params = lab.uniform(&[0; 4]);
+    lab.run_once(&k, &lab.bind(&k, &params, &[&o]), [64, 1])?;
+    let v = gpu.read_u32(&o, 0, 2)?;
+    Ok((v[0], v[1]))
+}
+
+/// Copy ceiling: `UNROLL` 1 and 4 vec4 per thread, dst = src over `bytes`.
+fn copy_rows(lab: &Lab, bytes: u64, reps: u32) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let n = bytes / 16;
+    let src = gpu.buffer("lab copy src", bytes)?;
+    let dst = gpu.buffer("lab copy dst", bytes)?;
+    let seed = 0x5eed_1234u32;
+    let params = lab.uniform(&[n as u32, GRID_ROW, seed, 0]);
+    let fill = gpu.kernel_entry("lab.fill", COPY, "fill", &[Access::Read, Access::ReadWrite])?;
+    // The fill writes its rw binding: bind src there (dst only fills the read slot).
+    lab.run_once(&fill, &lab.bind(&fill, &params, &[&dst, &src]), grid(n.div_ceil(256)))?;
+    let mut rows = Vec::new();
+    for unroll in [1u32, 4] {
+        let (name, src_text) = if unroll == 1 {
+            ("copy", COPY.to_string())
+        } else {
+            ("copy.x4", rewrite("copy.x4", COPY, &[konst("UNROLL", 1, unroll)]))
+        };
+        let change =
+            if unroll == 1 { "1 vec4 per thread".to_string() } else { format!("{unroll} vec4 per thread, WG apart") };
+        let mut row = Row::new(Section::Copy, name, &change);
+        row.bytes = Some(2 * n * 16);
+        eprintln!("  {name}");
+        let k = gpu.kernel(static_name(&format!("lab.{name}")), &src_text, &[Access::Read, Access::ReadWrite])?;
+        gpu.fill_u32(&dst, 0);
+        let bind = lab.bind(&k, &params, &[&src, &dst]);
+        let g = grid(n.div_ceil(256 * unroll as u64));
+        row.dep = Some(lab.time(&k, &[bind], g, reps)?);
+        // Guard: the copy really copied (first and last 4 KiB against the fill's pattern).
+        let span = n.min(256);
+        let mut ok = true;
+        for start in [0, n - span] {
+            let got = gpu.read_u32(&dst, start * 4, (span * 4) as usize)?;
+            for (j, v) in got.chunks(4).enumerate() {
+                let i = (start + j as u64) as u32;
+                let h = (i ^ seed).wrapping_mul(2654435761);
+                ok &= v == [h, h ^ 0x9e37_79b9, h.wrapping_add(1), !h];
+            }
+        }
+        row.check = if ok { "ok".into() } else { "WRONG copy".into() };
+        if !ok {
+            row.dep = None;
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Dependent and independent dispatch chains of `n` one-workgroup dispatches in one pass.
+fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let k = gpu.kernel("lab.chain", CHAIN, &[Access::ReadWrite])?;
+    let params = lab.uniform(&[0; 4]);
+    let expect_runs = (lab.batches + 1) as f32;
+    let mut rows = Vec::new();
+
+    eprintln!("  chain.dependent");
+    let y = gpu.buffer("lab chain", 256)?;
+    let bind = lab.bind(&k, &params, &[&y]);
+    let mut dep = Row::new(Section::Probe, "chain.dependent", &format!("{n} dispatches, each reads the last"));
+    dep.dep = Some(lab.time(&k, &[bind], [1, 1], n)?);
+    let got = gpu.read_f32(&y, 0, 1)?[0];
+    dep.check = if got == expect_runs * n as f32 { "ok".into() } else { format!("WRONG count {got}") };
+    rows.push(dep);
+
+    eprintln!("  chain.independent");
+    let ys: Vec<wgpu::Buffer> = (0..n).map(|_| gpu.buffer("lab chain", 256)).collect::<Result<_, _>>()?;
+    let binds: Vec<wgpu::BindGroup> = ys.iter().map(|b| lab.bind(&k, &params, &[b])).collect();
+    let mut ind = Row::new(Section::Probe, "chain.independent", &format!("{n} dispatches, distinct buffers"));
+    ind.dep = Some(lab.time(&k, &binds, [1, 1], n)?);
+    let mut bad = 0;
+    for b in &ys {
+        if gpu.read_f32(b, 0, 1)?[0] != expect_runs {
+            bad += 1;
+        }
+    }
+    ind.check = if bad == 0 { "ok".into() } else { format!("WRONG ({bad} buffers)") };
+    rows.push(ind);
+    Ok(rows)
+}
+
+/// Submit + wait round trips: one tiny dispatch, and an empty command buffer.
+fn submit_rows(lab: &Lab, reps: u32) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let k = gpu.kernel("lab.chain", CHAIN, &[Access::ReadWrite])?;
+    let params = lab.uniform(&[0; 4]);
+    let y = gpu.buffer("lab submit", 256)?;
+    let bind = lab.bind(&k, &params, &[&y]);
+    let dev = &gpu.device;
+    eprintln!("  submit");
+    let mut tiny = Row::new(Section::Probe, "submit+wait.tiny", "1 one-workgroup dispatch");
+    tiny.dep = Some(lab.time_round_trips(reps, || {
+        let mut enc = dev.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&k.pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        enc.finish()
+    })?);
+    let got = gpu.read_f32(&y, 0, 1)?[0];
+    tiny.check = if got == ((lab.batches + 1) * reps) as f32 { "ok".into() } else { format!("WRONG count {got}") };
+    let mut empty = Row::new(Section::Probe, "submit+wait.empty", "empty command buffer");
+    empty.dep = Some(lab.time_round_trips(reps, || dev.create_command_encoder(&Default::default()).finish())?);
+    empty.check = "-".into();
+    Ok(vec![tiny, empty])
+}
+
+// ---------------------------------------------------------------------------------------
+// GEMV
+
+struct GemvData {
+    n: u32,
+    k: u32,
+    x: wgpu::Buffer,
+    w: wgpu::Buffer,
+    bias: wgpu::Buffer,
+    params: wgpu::Buffer,
+    /// One output per dispatch of a batch (the independent mode); [0] is also the checked one.
+    ys: Vec<wgpu::Buffer>,
+    reference: Vec<f64>,
+}
+
+/// splitmix64: a reproducible, dependency-free source of synthetic values.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn unit(state: &mut u64) -> f32 {
+    (splitmix(state) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+}
+
+/// Inputs, CPU reference and `reps` outputs of `out_words` words each (a pure-read twin
+/// writes one word per thread, more than the N a GEMV writes).
+fn gemv_data(lab: &Lab, n: u32, k: u32, reps: u32, out_words: u64) -> LabResult<GemvData> {
+    let gpu = lab.gpu;
+    let (nu, ku) = (n as usize, k as usize);
+    let mut st = 0x1ab_cafe_u64;
+    // Weights k-major [K][N] as f16: two neighbouring columns form one u32 word, the low
+    // half the even column, exactly the layout kernels::F16Matrix uploads.
+    let wbits: Vec<u16> = (0..nu * ku).map(|_| half::f16::from_f32(unit(&mut st)).to_bits()).collect();
+    let x: Vec<f32> = (0..ku).map(|_| unit(&mut st)).collect();
+    let mut reference = vec![0f64; nu];
+    for (kk, row) in wbits.chunks_exact(nu).enumerate() {
+        let xv = x[kk] as f64;
+        for (r, b) in reference.iter_mut().zip(row) {
+            *r += xv * half::f16::from_bits(*b).to_f64();
+        }
+    }
+    let ys = (0..reps).map(|_| gpu.buffer("lab gemv y", out_words * 4)).collect::<Result<_, _>>()?;
+    Ok(GemvData {
+        n,
+        k,
+        x: gpu.upload_f32("lab gemv x", &x)?,
+        w: gpu.upload("lab gemv w", bytemuck::cast_slice(&wbits))?,
+        bias: gpu.buffer("lab gemv bias", 16)?,
+        // gemv.wgsl's Params: m n k flags x_off x_stride y_off y_stride (no bias, GELU or
+        // accumulate: the epilogue is not what M = 1 decode is short of).
+        params: lab.uniform(&[1, n, k, 0, 0, k, 0, n]),
+        ys,
+        reference,
+    })
+}
+
+/// Why the adapter cannot run `v`, if it cannot.
+fn unsupported(v: &Variant, limits: &wgpu::Limits, subgroup_min: Option<u32>) -> Option<String> {
+    let s = v.shape;
+    if s.cp * s.kg > limits.max_compute_invocations_per_workgroup {
+        return Some(format!(
+            "skipped: {} invocations > {}",
+            s.cp * s.kg,
+            limits.max_compute_invocations_per_workgroup
+        ));
+    }
+    // The subgroup variant declares its CP*KG invocations flat (see subgroup_edits).
+    let (wx, wy) = if v.needs_subgroups { (s.cp * s.kg, 1) } else { (s.cp, s.kg) };
+    if wx > limits.max_compute_workgroup_size_x || wy > limits.max_compute_workgroup_size_y {
+        return Some(format!("skipped: workgroup {wx}x{wy} too large"));
+    }
+    if v.shared_bytes() > limits.max_compute_workgroup_storage_size {
+        return Some(format!(
+            "skipped: {} B workgroup memory > {}",
+            v.shared_bytes(),
+            limits.max_compute_workgroup_storage_size
+        ));
+    }
+    if v.needs_subgroups {
+        match subgroup_min {
+            None => return Some("skipped: no subgroups".into()),
+            Some(m) if m < s.cp => return Some(format!("skipped: subgroup size {m} < CP {}", s.cp)),
+            Some(m) if !(s.cp * s.kg).is_multiple_of(m) => {
+                return Some("skipped: workgroup not whole subgroups".into())
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Option<u32>) -> LabResult<Row> {
+    let gpu = lab.gpu;
+    let section = if v.pure_read { Section::Read } else { Section::Gemv };
+    let mut row = Row::new(section, &v.name, &v.change);
+    let s = v.shape;
+    let ng = d.n / (2 * s.wpt);
+    let (n, k) = (d.n as u64, d.k as u64);
+    let out = if v.pure_read { s.kg as u64 * ng as u64 } else { n };
+    row.bytes = Some(n * k * 2 + k * 4 + out * 4);
+    if !v.pure_read {
+        row.twin = Some(read_twin(s).name);
+    }
+    if let Some(why) = unsupported(v, &gpu.device.limits(), subgroup_min) {
+        row.check = why;
+        return Ok(row);
+    }
+    eprintln!("  {}", v.name);
+    let kernel: Arc<Kernel> = match gpu.kernel(
+        static_name(&format!("lab.{}", v.name)),
+        &v.src,
+        &[Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+    ) {
+        Ok(kernel) => kernel,
+        Err(e) => {
+            eprintln!("{}: {e}", v.name);
+            row.check = "COMPILE ERROR (see above)".into();
+            return Ok(row);
+        }
+    };
+    let g = grid(ng.div_ceil(s.cp) as u64);
+    let binds: Vec<wgpu::BindGroup> =
+        d.ys.iter().map(|y| lab.bind(&kernel, &d.params, &[&d.x, &d.w, &d.bias, y])).collect();
+    // Correctness guard, on exactly the bind group that is timed: poison, run, compare.
+    gpu.fill_u32(&d.ys[0], 0x7fc0_0000);
+    lab.run_once(&kernel, &binds[0], g)?;
+    if v.pure_read {
+        row.check = "ceiling".into();
+    } else {
+        let got = gpu.read_f32(&d.ys[0], 0, d.n as usize)?;
+        let (mut num, mut den) = (0f64, 0f64);
+        for (a, r) in got.iter().zip(&d.reference) {
+            num += (*a as f64 - r).powi(2);
+            den += r * r;
+        }
+        let rel = (num / den).sqrt();
+        if !rel.is_finite() || rel > REL_BOUND {
+            let nan = got.iter().filter(|a| !a.is_finite()).count();
+            row.check = format!("WRONG rel {rel:.1e}, {nan} unwritten/NaN");
+            return Ok(row);
+        }
+        row.check = format!("ok {rel:.0e}");
+    }
+    row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
+    row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
+    Ok(row)
+}
+
+// ---------------------------------------------------------------------------------------
+// Output
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+fn us(t: Option<Timing>) -> String {
+    match t {
+        Some(t) if t.best * 1e6 >= 100.0 => format!("{:.1}", t.best * 1e6),
+        Some(t) => format!("{:.2}", t.best * 1e6),
+        None => "-".into(),
+    }
+}
+
+fn print_table(rows: &[Row], clock_note: &str) {
+    let ceiling = rows.iter().filter(|r| matches!(r.section, Section::Copy)).filter_map(Row::gbs).fold(0.0, f64::max);
+    println!();
+    println!("times: min of the timed batches, per dispatch ({clock_note}); spread = worst/best batch;");
+    println!("µs = back-to-back dispatches each depending on the last (barrier between), indep = same with");
+    println!("distinct outputs; GB/s and %copy from µs; %read = the access pattern's pure-read time / this time;");
+    println!("GEMV checked against the CPU before timing (‖gpu−cpu‖/‖cpu‖ ≤ {REL_BOUND:.0e}).");
+    println!(
+        "{:<22} {:<44} {:>9} {:>6} {:>9} {:>9} {:>8} {:>6} {:>6}  check",
+        "kernel", "change", "µs", "spread", "indep µs", "MiB", "GB/s", "%copy", "%read"
+    );
+    let mut last = None;
+    for r in rows {
+        let sec = std::mem::discriminant(&r.section);
+        if last.is_some_and(|l| l != sec) {
+            println!();
+        }
+        last = Some(sec);
+        let gbs = r.gbs();
+        let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+        let twin = r.twin.as_ref().and_then(|t| rows.iter().find(|x| &x.name == t));
+        let read_pct = match (twin.and_then(|t| t.dep), r.dep) {
+            (Some(t), Some(me)) => Some(t.best / me.best * 100.0),
+            _ => None,
+        };
+        let spread = r.dep.map_or("-".into(), |t| format!("{:.2}", t.spread()));
+        // Submit round trips are wall time by nature; anything else on the wall clock is marked.
+        let clk = match r.dep.map(|t| t.clock) {
+            Some(Clock::Wall) if !r.name.starts_with("submit") => " [wall]",
+            _ => "",
+        };
+        println!(
+            "{:<22} {:<44} {:>9} {:>6} {:>9} {:>9} {:>8} {:>6} {:>6}  {}{}",
+            r.name,
+            r.change,
+            us(r.dep),
+            spread,
+            us(r.indep),
+            r.bytes.map_or("-".into(), mib),
+            gbs.map_or("-".into(), |g| format!("{g:.1}")),
+            pct(gbs.filter(|_| ceiling > 0.0).map(|g| g / ceiling * 100.0)),
+            pct(read_pct),
+            r.check,
+            clk
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn run(args: &Args) -> LabResult<()> {
+    let gpu = Gpu::new(&GpuOptions { profile: true, ..Default::default() })?;
+    let limits = gpu.device.limits();
+    let info = &gpu.info;
+    let lab = Lab {
+        gpu: &gpu,
+        batches: args.batches,
+        timestamps: info.timestamps,
+        period_ns: gpu.queue.get_timestamp_period() as f64,
+    };
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    println!("adapter: {} ({}, {}), driver {}", info.name, info.backend, info.device_type, info.driver);
+    let subgroup = if info.subgroups { Some(probe_subgroup_size(&lab)?) } else { None };
+    println!(
+        "features: timestamp queries {}, subgroups {}, shader-f16 {}",
+        yes(info.timestamps),
+        match subgroup {
+            Some((a, b)) if a == b => format!("yes (subgroup_size {a})"),
+            Some((a, b)) => format!("yes (subgroup_size {a}..{b})"),
+            None => "no".into(),
+        },
+        yes(info.shader_f16)
+    );
+    println!(
+        "limits: storage binding {} MiB, buffer {} MiB, workgroup memory {} KiB, {} invocations/workgroup \
+         (x {} y {}), {} workgroups/dimension",
+        limits.max_storage_buffer_binding_size >> 20,
+        limits.max_buffer_size >> 20,
+        limits.max_compute_workgroup_storage_size >> 10,
+        limits.max_compute_invocations_per_workgroup,
+        limits.max_compute_workgroup_size_x,
+        limits.max_compute_workgroup_size_y,
+        limits.max_compute_workgroups_per_dimension,
+    );
+    let clock_note = if lab.timestamps {
+        format!("GPU timestamps around each batch's pass, {} ns/tick", lab.period_ns)
+    } else {
+        "no timestamp queries: wall clock around submit + wait, which includes the submit turnaround".into()
+    };
+    println!("timing: {clock_note}; {} batches x {} dispatches after 1 warm-up batch", args.batches, args.reps);
+
+    // Copy size: what was asked, within one binding, a multiple of 16 bytes.
+    let want = args.copy_mib << 20;
+    let cap = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+    let copy_bytes = want.min(cap) / 16 * 16;
+    if copy_bytes < want {
+        println!(
+            "copy: {} MiB asked, the adapter binds at most {} MiB: using {}",
+            args.copy_mib,
+            cap >> 20,
+            mib(copy_bytes)
+        );
+    }
+    let wbytes = args.n as u64 * args.k as u64 * 2;
+    if wbytes > cap {
+        return Err(format!(
+            "a {}x{} f16 matrix ({} MiB) exceeds the adapter's {} MiB binding; use --n/--k",
+            args.n,
+            args.k,
+            wbytes >> 20,
+            cap >> 20
+        )
+        .into());
+    }
+    println!("gemv: N {} x K {} f16 = {} MiB of weights, M = 1", args.n, args.k, mib(wbytes));
+
+    let mut rows = Vec::new();
+    eprintln!("copy ceiling ({} MiB)", mib(copy_bytes));
+    rows.extend(copy_rows(&lab, copy_bytes, args.reps)?);
+
+    // Build every variant (and its read twin) before running any: a broken rewrite fails
+    // here, before minutes of measuring.
+    let variants = gemv_variants();
+    let mut twins: Vec<Variant> = Vec::new();
+    for v in &variants {
+        if !twins.iter().any(|t| t.shape == v.shape) {
+            twins.push(read_twin(v.shape));
+        }
+    }
+    let all: Vec<&Variant> = twins.iter().chain(&variants).collect();
+    for (i, a) in all.iter().enumerate() {
+        for b in &all[..i] {
+            assert!(a.src != b.src, "{} and {} have the same source: a rewrite did nothing", a.name, b.name);
+        }
+    }
+    eprintln!("gemv data (CPU reference)");
+    let out_words = twins.iter().map(|t| t.shape.kg as u64 * (args.n / (2 * t.shape.wpt)) as u64).max();
+    let data = gemv_data(&lab, args.n, args.k, args.reps, out_words.unwrap_or(0).max(args.n as u64))?;
+    let sg_min = subgroup.map(|s| s.0);
+    for v in &twins {
+        rows.push(gemv_row(&lab, &data, v, args.reps, sg_min)?);
+    }
+    for v in &variants {
+        rows.push(gemv_row(&lab, &data, v, args.reps, sg_min)?);
+    }
+    drop(data);
+
+    eprintln!("dispatch and submit costs");
+    rows.extend(chain_rows(&lab, args.chain)?);
+    rows.extend(submit_rows(&lab, args.reps)?);
+    gpu.check()?;
+    print_table(&rows, &clock_note);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("kernel-lab: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kernel-lab: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
