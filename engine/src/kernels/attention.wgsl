@@ -112,54 +112,88 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 }
 
 // ---------------------------------------------------------------------------------------
-// Tiled variant for many queries (the encoder's 1500, a long prefill): one thread owns one
-// query of one head; a workgroup of 32 queries shares chunks of 16 keys and values staged
-// in workgroup memory (read once per 32 queries instead of once per query; every thread
-// reads the same staged element at once: a broadcast). Each thread keeps its own online
-// softmax, so there is no cross-thread reduction and two barriers per chunk.
-//
-// The head is handled as 16 vec4s with the inner loops unrolled by 4: lavapipe (gallivm)
-// caps every loop at 65535 iterations per invocation, counted over the whole dispatch, and
-// silently stops there; a scalar loop over 64 dims per key hit that cap past ~500 keys.
-// Per-query state (q, the accumulator) lives in workgroup memory, rows padded by one vec4.
-// head_dim <= 64 and a multiple of 4 (zero-padded to 64).
+// Tiled variant for many queries (the encoder's 1500, a long prefill). A workgroup takes 32
+// queries of one head and 4 key splits: thread (query q, split s) keeps its own online
+// softmax over keys s, s+4, s+8, s+12 of each staged chunk of 16 keys, with q and its
+// output accumulator in registers (16 vec4 each; head_dim <= 64, zero-padded), and the 4
+// splits of a query are merged at the end through workgroup memory. The splits exist for
+// a big GPU: one thread per (query, head) gave 9000 threads for a whole encoder layer,
+// ~2 warps per H200 multiprocessor, 5.2 ms per layer. K and V are staged once per chunk for
+// all 128 threads and read as broadcasts (all threads of a split read the same key).
+// The unrolled vec4 code is written out: lavapipe caps any loop at 65535 iterations per
+// invocation (DEVELOPERS.md), and private arrays indexed in loops can land in local memory.
 
 const TQ: u32 = 32u;
+const SPLITS: u32 = 4u;
 const CH: u32 = 16u;
 const TD4: u32 = 16u;
-const RS4: u32 = 17u;
 
 var<workgroup> ks: array<vec4<f32>, 256>; // [CH][TD4]
 var<workgroup> vs: array<vec4<f32>, 256>;
-var<workgroup> qsh: array<vec4<f32>, 544>; // [TQ][RS4]
-var<workgroup> accs: array<vec4<f32>, 544>;
-var<workgroup> ssh: array<f32, 512>; // [TQ][CH]
+var<workgroup> mrg_acc: array<vec4<f32>, 1024>; // [2][TQ][TD4]
+var<workgroup> mrg_ml: array<vec2<f32>, 64>; // [2][TQ] (m, l)
 
-fn load4(buf_is_k: bool, base: u32) -> vec4<f32> {
-    if (buf_is_k) {
-        return vec4<f32>(k[base], k[base + 1u], k[base + 2u], k[base + 3u]);
+fn kv4(is_k: bool, base: u32, c: u32, d4: u32) -> vec4<f32> {
+    if (c >= d4) {
+        return vec4<f32>(0.0);
     }
-    return vec4<f32>(v[base], v[base + 1u], v[base + 2u], v[base + 3u]);
+    let b = base + 4u * c;
+    if (is_k) {
+        return vec4<f32>(k[b], k[b + 1u], k[b + 2u], k[b + 3u]);
+    }
+    return vec4<f32>(v[b], v[b + 1u], v[b + 2u], v[b + 3u]);
 }
 
-@compute @workgroup_size(32)
+fn load_q4(base: u32, c: u32, d4: u32) -> vec4<f32> {
+    if (c >= d4) {
+        return vec4<f32>(0.0);
+    }
+    let b = base + 4u * c;
+    return vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
+}
+
+@compute @workgroup_size(128)
 fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wg.y;
+    let ql = lid % TQ;
+    let split = lid / TQ;
     let q_first = wg.x * TQ;
-    let qi = q_first + lid;
+    let qi = q_first + ql;
     let live = qi < p.tq;
     let d4 = p.d / 4u;
-    let row = lid * RS4;
-    for (var c = 0u; c < TD4; c++) {
-        accs[row + c] = vec4<f32>(0.0);
-        qsh[row + c] = vec4<f32>(0.0);
-    }
-    if (live) {
-        let qb = p.q_off + qi * p.q_stride + h * p.d;
-        for (var c = 0u; c < d4; c++) {
-            qsh[row + c] = vec4<f32>(q[qb + 4u * c], q[qb + 4u * c + 1u], q[qb + 4u * c + 2u], q[qb + 4u * c + 3u]) * p.scale;
-        }
-    }
+    let qb = p.q_off + min(qi, p.tq - 1u) * p.q_stride + h * p.d;
+    let q0 = load_q4(qb, 0u, d4);
+    let q1 = load_q4(qb, 1u, d4);
+    let q2 = load_q4(qb, 2u, d4);
+    let q3 = load_q4(qb, 3u, d4);
+    let q4 = load_q4(qb, 4u, d4);
+    let q5 = load_q4(qb, 5u, d4);
+    let q6 = load_q4(qb, 6u, d4);
+    let q7 = load_q4(qb, 7u, d4);
+    let q8 = load_q4(qb, 8u, d4);
+    let q9 = load_q4(qb, 9u, d4);
+    let q10 = load_q4(qb, 10u, d4);
+    let q11 = load_q4(qb, 11u, d4);
+    let q12 = load_q4(qb, 12u, d4);
+    let q13 = load_q4(qb, 13u, d4);
+    let q14 = load_q4(qb, 14u, d4);
+    let q15 = load_q4(qb, 15u, d4);
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
+    var a8 = vec4<f32>(0.0);
+    var a9 = vec4<f32>(0.0);
+    var a10 = vec4<f32>(0.0);
+    var a11 = vec4<f32>(0.0);
+    var a12 = vec4<f32>(0.0);
+    var a13 = vec4<f32>(0.0);
+    var a14 = vec4<f32>(0.0);
+    var a15 = vec4<f32>(0.0);
     // Keys this query may see, and (uniform) the keys any query of the workgroup may see.
     var kmax = p.tk;
     var kend = p.tk;
@@ -171,68 +205,167 @@ fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     var l = 0.0;
     for (var j0 = 0u; j0 < kend; j0 += CH) {
         let cnt = min(CH, kend - j0);
-        for (var e = lid; e < CH * TD4; e += TQ) {
+        for (var e = lid; e < CH * TD4; e += TQ * SPLITS) {
             let jj = e / TD4;
             let c = e % TD4;
-            var kv_k = vec4<f32>(0.0);
-            var kv_v = vec4<f32>(0.0);
-            if (jj < cnt && c < d4) {
-                kv_k = load4(true, p.k_off + (j0 + jj) * p.k_stride + h * p.d + 4u * c);
-                kv_v = load4(false, p.v_off + (j0 + jj) * p.v_stride + h * p.d + 4u * c);
+            var kk = vec4<f32>(0.0);
+            var vv = vec4<f32>(0.0);
+            if (jj < cnt) {
+                kk = kv4(true, p.k_off + (j0 + jj) * p.k_stride + h * p.d, c, d4);
+                vv = kv4(false, p.v_off + (j0 + jj) * p.v_stride + h * p.d, c, d4);
             }
-            ks[e] = kv_k;
-            vs[e] = kv_v;
+            ks[e] = kk;
+            vs[e] = vv;
         }
         workgroupBarrier();
-        if (live && kmax > j0) {
-            let lim = min(cnt, kmax - j0);
+        if (live) {
+            var s = array<f32, 4>(NEG, NEG, NEG, NEG);
             var cmax = NEG;
-            for (var jj = 0u; jj < lim; jj++) {
-                var a = vec4<f32>(0.0);
-                let kb = jj * TD4;
-                for (var c = 0u; c < TD4; c += 4u) {
-                    a = fma(qsh[row + c], ks[kb + c], a);
-                    a = fma(qsh[row + c + 1u], ks[kb + c + 1u], a);
-                    a = fma(qsh[row + c + 2u], ks[kb + c + 2u], a);
-                    a = fma(qsh[row + c + 3u], ks[kb + c + 3u], a);
-                }
-                let sc = a.x + a.y + a.z + a.w;
-                ssh[lid * CH + jj] = sc;
-                cmax = max(cmax, sc);
-            }
-            let mnew = max(m, cmax);
-            let corr = exp(max(m - mnew, -80.0));
-            l *= corr;
-            for (var c = 0u; c < TD4; c += 4u) {
-                accs[row + c] *= corr;
-                accs[row + c + 1u] *= corr;
-                accs[row + c + 2u] *= corr;
-                accs[row + c + 3u] *= corr;
-            }
-            for (var jj = 0u; jj < lim; jj++) {
-                let pj = exp(ssh[lid * CH + jj] - mnew);
-                l += pj;
-                let vb = jj * TD4;
-                for (var c = 0u; c < TD4; c += 4u) {
-                    accs[row + c] = fma(vec4<f32>(pj), vs[vb + c], accs[row + c]);
-                    accs[row + c + 1u] = fma(vec4<f32>(pj), vs[vb + c + 1u], accs[row + c + 1u]);
-                    accs[row + c + 2u] = fma(vec4<f32>(pj), vs[vb + c + 2u], accs[row + c + 2u]);
-                    accs[row + c + 3u] = fma(vec4<f32>(pj), vs[vb + c + 3u], accs[row + c + 3u]);
+            for (var t = 0u; t < 4u; t++) {
+                let jj = split + SPLITS * t;
+                if (jj < cnt && j0 + jj < kmax) {
+                    let kb = jj * TD4;
+                    var acc = vec4<f32>(0.0);
+                    acc = fma(q0, ks[kb + 0u], acc);
+                    acc = fma(q1, ks[kb + 1u], acc);
+                    acc = fma(q2, ks[kb + 2u], acc);
+                    acc = fma(q3, ks[kb + 3u], acc);
+                    acc = fma(q4, ks[kb + 4u], acc);
+                    acc = fma(q5, ks[kb + 5u], acc);
+                    acc = fma(q6, ks[kb + 6u], acc);
+                    acc = fma(q7, ks[kb + 7u], acc);
+                    acc = fma(q8, ks[kb + 8u], acc);
+                    acc = fma(q9, ks[kb + 9u], acc);
+                    acc = fma(q10, ks[kb + 10u], acc);
+                    acc = fma(q11, ks[kb + 11u], acc);
+                    acc = fma(q12, ks[kb + 12u], acc);
+                    acc = fma(q13, ks[kb + 13u], acc);
+                    acc = fma(q14, ks[kb + 14u], acc);
+                    acc = fma(q15, ks[kb + 15u], acc);
+                    let sc = acc.x + acc.y + acc.z + acc.w;
+                    s[t] = sc;
+                    cmax = max(cmax, sc);
                 }
             }
+            if (cmax > NEG) {
+                let mnew = max(m, cmax);
+                let corr = exp(max(m - mnew, -80.0));
+                l *= corr;
+                a0 *= corr;
+                a1 *= corr;
+                a2 *= corr;
+                a3 *= corr;
+                a4 *= corr;
+                a5 *= corr;
+                a6 *= corr;
+                a7 *= corr;
+                a8 *= corr;
+                a9 *= corr;
+                a10 *= corr;
+                a11 *= corr;
+                a12 *= corr;
+                a13 *= corr;
+                a14 *= corr;
+                a15 *= corr;
+                for (var t = 0u; t < 4u; t++) {
+                    let jj = split + SPLITS * t;
+                    if (jj < cnt && j0 + jj < kmax) {
+                        let pj = exp(s[t] - mnew);
+                        l += pj;
+                        let vb = jj * TD4;
+                        a0 = fma(vec4<f32>(pj), vs[vb + 0u], a0);
+                        a1 = fma(vec4<f32>(pj), vs[vb + 1u], a1);
+                        a2 = fma(vec4<f32>(pj), vs[vb + 2u], a2);
+                        a3 = fma(vec4<f32>(pj), vs[vb + 3u], a3);
+                        a4 = fma(vec4<f32>(pj), vs[vb + 4u], a4);
+                        a5 = fma(vec4<f32>(pj), vs[vb + 5u], a5);
+                        a6 = fma(vec4<f32>(pj), vs[vb + 6u], a6);
+                        a7 = fma(vec4<f32>(pj), vs[vb + 7u], a7);
+                        a8 = fma(vec4<f32>(pj), vs[vb + 8u], a8);
+                        a9 = fma(vec4<f32>(pj), vs[vb + 9u], a9);
+                        a10 = fma(vec4<f32>(pj), vs[vb + 10u], a10);
+                        a11 = fma(vec4<f32>(pj), vs[vb + 11u], a11);
+                        a12 = fma(vec4<f32>(pj), vs[vb + 12u], a12);
+                        a13 = fma(vec4<f32>(pj), vs[vb + 13u], a13);
+                        a14 = fma(vec4<f32>(pj), vs[vb + 14u], a14);
+                        a15 = fma(vec4<f32>(pj), vs[vb + 15u], a15);
+                    }
+                }
+                m = mnew;
+            }
+        }
+        workgroupBarrier();
+    }
+    // Merge the 4 splits of each query: splits 2 and 3 hand over to 0 and 1, then 1 to 0.
+    for (var round = 0u; round < 2u; round++) {
+        let half_ = select(2u, 1u, round == 1u);
+        if (split >= half_ && split < 2u * half_) {
+            let slot = (split - half_) * TQ + ql;
+            mrg_ml[slot] = vec2<f32>(m, l);
+            mrg_acc[slot * TD4 + 0u] = a0;
+            mrg_acc[slot * TD4 + 1u] = a1;
+            mrg_acc[slot * TD4 + 2u] = a2;
+            mrg_acc[slot * TD4 + 3u] = a3;
+            mrg_acc[slot * TD4 + 4u] = a4;
+            mrg_acc[slot * TD4 + 5u] = a5;
+            mrg_acc[slot * TD4 + 6u] = a6;
+            mrg_acc[slot * TD4 + 7u] = a7;
+            mrg_acc[slot * TD4 + 8u] = a8;
+            mrg_acc[slot * TD4 + 9u] = a9;
+            mrg_acc[slot * TD4 + 10u] = a10;
+            mrg_acc[slot * TD4 + 11u] = a11;
+            mrg_acc[slot * TD4 + 12u] = a12;
+            mrg_acc[slot * TD4 + 13u] = a13;
+            mrg_acc[slot * TD4 + 14u] = a14;
+            mrg_acc[slot * TD4 + 15u] = a15;
+        }
+        workgroupBarrier();
+        if (split < half_) {
+            let slot = split * TQ + ql;
+            let o2 = mrg_ml[slot];
+            let mnew = max(m, o2.x);
+            let c_self = exp(max(m - mnew, -80.0));
+            let c_other = exp(max(o2.x - mnew, -80.0));
+            l = l * c_self + o2.y * c_other;
+            a0 = a0 * c_self + mrg_acc[slot * TD4 + 0u] * c_other;
+            a1 = a1 * c_self + mrg_acc[slot * TD4 + 1u] * c_other;
+            a2 = a2 * c_self + mrg_acc[slot * TD4 + 2u] * c_other;
+            a3 = a3 * c_self + mrg_acc[slot * TD4 + 3u] * c_other;
+            a4 = a4 * c_self + mrg_acc[slot * TD4 + 4u] * c_other;
+            a5 = a5 * c_self + mrg_acc[slot * TD4 + 5u] * c_other;
+            a6 = a6 * c_self + mrg_acc[slot * TD4 + 6u] * c_other;
+            a7 = a7 * c_self + mrg_acc[slot * TD4 + 7u] * c_other;
+            a8 = a8 * c_self + mrg_acc[slot * TD4 + 8u] * c_other;
+            a9 = a9 * c_self + mrg_acc[slot * TD4 + 9u] * c_other;
+            a10 = a10 * c_self + mrg_acc[slot * TD4 + 10u] * c_other;
+            a11 = a11 * c_self + mrg_acc[slot * TD4 + 11u] * c_other;
+            a12 = a12 * c_self + mrg_acc[slot * TD4 + 12u] * c_other;
+            a13 = a13 * c_self + mrg_acc[slot * TD4 + 13u] * c_other;
+            a14 = a14 * c_self + mrg_acc[slot * TD4 + 14u] * c_other;
+            a15 = a15 * c_self + mrg_acc[slot * TD4 + 15u] * c_other;
             m = mnew;
         }
         workgroupBarrier();
     }
-    if (live) {
+    if (live && split == 0u) {
         let ob = p.o_off + qi * p.o_stride + h * p.d;
-        for (var c = 0u; c < d4; c++) {
-            let r = accs[row + c] / l;
-            o[ob + 4u * c] = r.x;
-            o[ob + 4u * c + 1u] = r.y;
-            o[ob + 4u * c + 2u] = r.z;
-            o[ob + 4u * c + 3u] = r.w;
-        }
+        let inv = 1.0 / l;
+        if (0u < d4) { let r = a0 * inv; o[ob + 0u] = r.x; o[ob + 0u + 1u] = r.y; o[ob + 0u + 2u] = r.z; o[ob + 0u + 3u] = r.w; }
+        if (1u < d4) { let r = a1 * inv; o[ob + 4u] = r.x; o[ob + 4u + 1u] = r.y; o[ob + 4u + 2u] = r.z; o[ob + 4u + 3u] = r.w; }
+        if (2u < d4) { let r = a2 * inv; o[ob + 8u] = r.x; o[ob + 8u + 1u] = r.y; o[ob + 8u + 2u] = r.z; o[ob + 8u + 3u] = r.w; }
+        if (3u < d4) { let r = a3 * inv; o[ob + 12u] = r.x; o[ob + 12u + 1u] = r.y; o[ob + 12u + 2u] = r.z; o[ob + 12u + 3u] = r.w; }
+        if (4u < d4) { let r = a4 * inv; o[ob + 16u] = r.x; o[ob + 16u + 1u] = r.y; o[ob + 16u + 2u] = r.z; o[ob + 16u + 3u] = r.w; }
+        if (5u < d4) { let r = a5 * inv; o[ob + 20u] = r.x; o[ob + 20u + 1u] = r.y; o[ob + 20u + 2u] = r.z; o[ob + 20u + 3u] = r.w; }
+        if (6u < d4) { let r = a6 * inv; o[ob + 24u] = r.x; o[ob + 24u + 1u] = r.y; o[ob + 24u + 2u] = r.z; o[ob + 24u + 3u] = r.w; }
+        if (7u < d4) { let r = a7 * inv; o[ob + 28u] = r.x; o[ob + 28u + 1u] = r.y; o[ob + 28u + 2u] = r.z; o[ob + 28u + 3u] = r.w; }
+        if (8u < d4) { let r = a8 * inv; o[ob + 32u] = r.x; o[ob + 32u + 1u] = r.y; o[ob + 32u + 2u] = r.z; o[ob + 32u + 3u] = r.w; }
+        if (9u < d4) { let r = a9 * inv; o[ob + 36u] = r.x; o[ob + 36u + 1u] = r.y; o[ob + 36u + 2u] = r.z; o[ob + 36u + 3u] = r.w; }
+        if (10u < d4) { let r = a10 * inv; o[ob + 40u] = r.x; o[ob + 40u + 1u] = r.y; o[ob + 40u + 2u] = r.z; o[ob + 40u + 3u] = r.w; }
+        if (11u < d4) { let r = a11 * inv; o[ob + 44u] = r.x; o[ob + 44u + 1u] = r.y; o[ob + 44u + 2u] = r.z; o[ob + 44u + 3u] = r.w; }
+        if (12u < d4) { let r = a12 * inv; o[ob + 48u] = r.x; o[ob + 48u + 1u] = r.y; o[ob + 48u + 2u] = r.z; o[ob + 48u + 3u] = r.w; }
+        if (13u < d4) { let r = a13 * inv; o[ob + 52u] = r.x; o[ob + 52u + 1u] = r.y; o[ob + 52u + 2u] = r.z; o[ob + 52u + 3u] = r.w; }
+        if (14u < d4) { let r = a14 * inv; o[ob + 56u] = r.x; o[ob + 56u + 1u] = r.y; o[ob + 56u + 2u] = r.z; o[ob + 56u + 3u] = r.w; }
+        if (15u < d4) { let r = a15 * inv; o[ob + 60u] = r.x; o[ob + 60u + 1u] = r.y; o[ob + 60u + 2u] = r.z; o[ob + 60u + 3u] = r.w; }
     }
 }
 
