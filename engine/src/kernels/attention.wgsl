@@ -12,7 +12,7 @@ struct Params {
     tq: u32, tk: u32, heads: u32, d: u32,
     q_off: u32, q_stride: u32, k_off: u32, k_stride: u32,
     v_off: u32, v_stride: u32, o_off: u32, o_stride: u32,
-    causal: u32, causal_offset: u32, scale: f32, _p0: u32,
+    causal: u32, causal_offset: u32, scale: f32, split_keys: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -370,19 +370,21 @@ fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 }
 
 // ---------------------------------------------------------------------------------------
-// Decode variant for a few queries over up to 2048 keys (a decoder step: self-attention
-// over the cache, cross-attention over the window's 1500 frames). One workgroup of 256
-// threads per (query, head), three phases with a handful of barriers in all: every thread
-// scores keys lid, lid+256, ... into workgroup memory; one max and one sum reduction; then
-// four groups of 64 threads each sum p_j · v_j over every fourth key, a thread per output
-// dimension (reads of v rows are contiguous across the 64), and the four partial sums are
-// merged. The chunked kernel above needs 14 barriers per 64 keys: 400 us per dispatch on
-// the H200 for 1500 keys, where this one's serial depth is ~6 dot products.
+// Decode variant for a few queries (a decoder step: self-attention over the cache,
+// cross-attention over the window's 1500 frames), flash-decoding style, in two dispatches.
+// `main_split`: one workgroup of 256 threads per (query, head, split of SK keys): each thread
+// scores one key, one max and one sum reduction, then four groups of 64 threads sum
+// p_j · v_j over every fourth key (a thread per output dimension: contiguous reads of v),
+// and the split writes its unnormalised partial (m, l, acc[d]) to the buffer bound as `o`.
+// `main_merge`: one workgroup of 64 per (query, head) rescales the splits' partials to their
+// common maximum and writes the output; the partials are bound as `q`.
+// One workgroup per (query, head) over all keys was 110 us per dispatch on the H200 (6
+// workgroups for 6 heads); splitting the keys multiplies the workgroups in flight.
+// `_split_keys` is SK; partial (qi, h, s) sits at ((qi * heads + h) * n_splits + s) * (d + 2).
 
 const AW: u32 = 256u;
-const MAXK: u32 = 2048u;
 
-var<workgroup> sc: array<f32, 2048>;
+var<workgroup> sc: array<f32, 256>;
 var<workgroup> red2: array<f32, 256>;
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
@@ -406,23 +408,29 @@ fn reduce2(v: f32, lid: u32, is_max: bool) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn main_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let qi = wg.x;
     let h = wg.y;
+    let split = wg.z;
     let d = p.d;
+    let sk = p.split_keys;
+    let n_splits = (p.tk + sk - 1u) / sk;
     let qb = p.q_off + qi * p.q_stride + h * d;
     for (var c = lid; c < d; c += AW) {
         qs[c] = q[qb + c] * p.scale;
     }
-    var kmax = min(p.tk, MAXK);
+    var kmax = p.tk;
     if (p.causal != 0u) {
         kmax = min(kmax, qi + p.causal_offset + 1u);
     }
+    let j_lo = split * sk;
+    let j_hi = min(kmax, j_lo + sk);
     workgroupBarrier();
-    var lmax = NEG;
-    for (var j = lid; j < kmax; j += AW) {
+    // Score key j_lo + lid (sk <= 256: one key per thread).
+    let j = j_lo + lid;
+    var s = NEG;
+    if (lid < sk && j < j_hi) {
         let kb = p.k_off + j * p.k_stride + h * d;
-        // Eight key elements loaded before any is used (latency, as in gemv.wgsl).
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
         var c = 0u;
@@ -436,42 +444,80 @@ fn main_decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         for (; c < d; c++) {
             dot_ = fma(qs[c], k[kb + c], dot_);
         }
-        sc[j] = dot_;
-        lmax = max(lmax, dot_);
+        s = dot_;
     }
-    let mx = reduce2(lmax, lid, true);
-    var lsum = 0.0;
-    for (var j = lid; j < kmax; j += AW) {
-        let e = exp(sc[j] - mx);
-        sc[j] = e;
-        lsum += e;
+    let mx = reduce2(s, lid, true);
+    var e = 0.0;
+    if (s > NEG) {
+        e = exp(s - mx);
     }
-    let total = reduce2(lsum, lid, false);
-    // reduce2 ends with a barrier: every sc[j] is final here.
-    let c = lid % 64u;
+    sc[lid] = e;
+    let total = reduce2(e, lid, false);
+    let cd = lid % 64u;
     let g = lid / 64u;
     var acc0 = 0.0;
     var acc1 = 0.0;
-    for (var j = g; j < kmax; j += 4u) {
-        let vb = p.v_off + j * p.v_stride + h * d;
-        let pj = sc[j];
-        if (c < d) {
-            acc0 = fma(pj, v[vb + c], acc0);
+    let n = select(0u, j_hi - j_lo, j_hi > j_lo);
+    for (var jj = g; jj < n; jj += 4u) {
+        let vb = p.v_off + (j_lo + jj) * p.v_stride + h * d;
+        let pj = sc[jj];
+        if (cd < d) {
+            acc0 = fma(pj, v[vb + cd], acc0);
         }
-        if (c + 64u < d) {
-            acc1 = fma(pj, v[vb + c + 64u], acc1);
+        if (cd + 64u < d) {
+            acc1 = fma(pj, v[vb + cd + 64u], acc1);
         }
     }
     part0[lid] = acc0;
     part1[lid] = acc1;
     workgroupBarrier();
+    let pb = ((qi * p.heads + h) * n_splits + split) * (d + 2u);
+    if (lid == 0u) {
+        o[pb] = mx;
+        o[pb + 1u] = total;
+    }
     if (lid < 64u) {
-        let ob = p.o_off + qi * p.o_stride + h * d;
-        if (c < d) {
-            o[ob + c] = (part0[c] + part0[64u + c] + part0[128u + c] + part0[192u + c]) / total;
+        if (cd < d) {
+            o[pb + 2u + cd] = part0[cd] + part0[64u + cd] + part0[128u + cd] + part0[192u + cd];
         }
-        if (c + 64u < d) {
-            o[ob + c + 64u] = (part1[c] + part1[64u + c] + part1[128u + c] + part1[192u + c]) / total;
+        if (cd + 64u < d) {
+            o[pb + 2u + cd + 64u] = part1[cd] + part1[64u + cd] + part1[128u + cd] + part1[192u + cd];
         }
+    }
+}
+
+@compute @workgroup_size(64)
+fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let qi = wg.x;
+    let h = wg.y;
+    let d = p.d;
+    let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
+    let base = (qi * p.heads + h) * n_splits * (d + 2u);
+    var mx = NEG;
+    for (var s = 0u; s < n_splits; s++) {
+        mx = max(mx, q[base + s * (d + 2u)]);
+    }
+    var l = 0.0;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    for (var s = 0u; s < n_splits; s++) {
+        let pb = base + s * (d + 2u);
+        if (q[pb + 1u] > 0.0) {
+            let w = exp(q[pb] - mx);
+            l += q[pb + 1u] * w;
+            if (lid < d) {
+                acc0 = fma(q[pb + 2u + lid], w, acc0);
+            }
+            if (lid + 64u < d) {
+                acc1 = fma(q[pb + 2u + lid + 64u], w, acc1);
+            }
+        }
+    }
+    let ob = p.o_off + qi * p.o_stride + h * d;
+    if (lid < d) {
+        o[ob + lid] = acc0 / l;
+    }
+    if (lid + 64u < d) {
+        o[ob + lid + 64u] = acc1 / l;
     }
 }

@@ -23,9 +23,10 @@ pub const GEMV_MAX_ROWS: u32 = 8;
 /// workgroup) beats one workgroup per query.
 pub const ATTENTION_TILED_MIN_QUERIES: u32 = 8;
 
-/// Keys the decode attention holds in workgroup memory; longer contexts use the chunked
-/// online-softmax kernel.
-pub const ATTENTION_DECODE_MAX_KEYS: u32 = 2048;
+/// Keys per workgroup of the split (flash-decoding) attention for a few queries.
+pub const ATTENTION_SPLIT_KEYS: u32 = 256;
+/// Capacity of the split attention's partials; larger problems use the chunked kernel.
+const ATTENTION_PARTIALS_FLOATS: u64 = 1 << 20;
 
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
@@ -152,7 +153,7 @@ struct AttentionParams {
     causal: u32,
     causal_offset: u32,
     scale: f32,
-    _pad: u32,
+    split_keys: u32,
 }
 
 #[repr(C)]
@@ -218,7 +219,10 @@ pub struct Kernels {
     layernorm: Arc<Kernel>,
     attention: Arc<Kernel>,
     attention_tiled: Arc<Kernel>,
-    attention_decode: Arc<Kernel>,
+    attention_split: Arc<Kernel>,
+    attention_merge: Arc<Kernel>,
+    /// Partials of the split attention: [query][head][split][head_dim + 2].
+    attention_partials: Buffer,
     embed: Arc<Kernel>,
     copy_rows: Arc<Kernel>,
     select: Arc<Kernel>,
@@ -235,7 +239,9 @@ impl Kernels {
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
             attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
-            attention_decode: gpu.kernel_entry("attention_decode", include_str!("attention.wgsl"), "main_decode", &[R, R, R, W])?,
+            attention_split: gpu.kernel_entry("attention_split", include_str!("attention.wgsl"), "main_split", &[R, R, R, W])?,
+            attention_merge: gpu.kernel_entry("attention_merge", include_str!("attention.wgsl"), "main_merge", &[R, R, R, W])?,
+            attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
@@ -355,43 +361,33 @@ impl Kernels {
         rec.dispatch(&self.layernorm, bytemuck::bytes_of(&params), &[x, gamma, beta, y], [g[0], g[1], 1], cost)
     }
 
+    /// Attention for `a`: the tiled kernel for many queries, the split (flash-decoding)
+    /// kernels for a few, the chunked online-softmax kernel when neither fits.
     pub fn attention(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
-        if a.head_dim > 128 {
-            return Err(Error::Unsupported(format!("attention head size {} (at most 128)", a.head_dim)));
-        }
-        let params = AttentionParams {
-            tq: a.tq,
-            tk: a.tk,
-            heads: a.heads,
-            d: a.head_dim,
-            q_off: a.q.off,
-            q_stride: a.q.stride,
-            k_off: a.k.off,
-            k_stride: a.k.stride,
-            v_off: a.v.off,
-            v_stride: a.v.stride,
-            o_off: a.out.off,
-            o_stride: a.out.stride,
-            causal: a.causal.is_some() as u32,
-            causal_offset: a.causal.unwrap_or(0),
-            scale: 1.0 / (a.head_dim as f32).sqrt(),
-            _pad: 0,
-        };
-        let hd = a.heads as u64 * a.head_dim as u64;
-        let cost = Cost {
-            // Each (query, head) streams its keys and values once.
-            bytes: a.tq as u64 * (a.tk as u64 * 2 + 2) * hd * 4,
-            flops: 4 * a.tq as u64 * a.tk as u64 * hd,
-        };
+        let (params, cost) = attention_params(a)?;
+        let p = bytemuck::bytes_of(&params);
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
         if a.tq > ATTENTION_TILED_MIN_QUERIES && a.head_dim <= 64 && a.head_dim % 4 == 0 {
-            return rec.dispatch(&self.attention_tiled, bytemuck::bytes_of(&params), &bufs, [a.tq.div_ceil(32), a.heads, 1], cost);
+            return rec.dispatch(&self.attention_tiled, p, &bufs, [a.tq.div_ceil(32), a.heads, 1], cost);
         }
-        if a.tk <= ATTENTION_DECODE_MAX_KEYS {
-            return rec.dispatch(&self.attention_decode, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, 1], cost);
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
+        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
+        if a.tq <= ATTENTION_TILED_MIN_QUERIES && partials <= ATTENTION_PARTIALS_FLOATS {
+            let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
+            let merge_cost = Cost { bytes: partials * 8, flops: partials * 2 };
+            let part = &self.attention_partials;
+            rec.dispatch(&self.attention_split, p, &[a.q.buf, a.k.buf, a.v.buf, part], [a.tq, a.heads, n_splits], split_cost)?;
+            return rec.dispatch(&self.attention_merge, p, &[part, a.k.buf, a.v.buf, a.out.buf], [a.tq, a.heads, 1], merge_cost);
         }
+        self.attention_chunked(rec, a)
+    }
+
+    /// The general fallback: one workgroup per (query, head), keys in chunks of 64 with an
+    /// online softmax (any key count, head_dim <= 128).
+    pub(crate) fn attention_chunked(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        let (params, cost) = attention_params(a)?;
         let (x, z) = if a.tq <= 32768 { (a.tq, 1) } else { (32768, a.tq.div_ceil(32768)) };
-        rec.dispatch(&self.attention, bytemuck::bytes_of(&params), &bufs, [x, a.heads, z], cost)
+        rec.dispatch(&self.attention, bytemuck::bytes_of(&params), &[a.q.buf, a.k.buf, a.v.buf, a.out.buf], [x, a.heads, z], cost)
     }
 
     /// x[i] = emb[tokens[i]] + pos[pos0 + i] for i < n_tok (d channels).
@@ -432,6 +428,37 @@ impl Kernels {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
         rec.dispatch(&self.select, bytemuck::bytes_of(params), &[logits, suppress, out], [1, 1, 1], cost)
     }
+}
+
+fn attention_params(a: &AttentionArgs) -> Result<(AttentionParams, Cost)> {
+    if a.head_dim > 128 {
+        return Err(Error::Unsupported(format!("attention head size {} (at most 128)", a.head_dim)));
+    }
+    let params = AttentionParams {
+        tq: a.tq,
+        tk: a.tk,
+        heads: a.heads,
+        d: a.head_dim,
+        q_off: a.q.off,
+        q_stride: a.q.stride,
+        k_off: a.k.off,
+        k_stride: a.k.stride,
+        v_off: a.v.off,
+        v_stride: a.v.stride,
+        o_off: a.out.off,
+        o_stride: a.out.stride,
+        causal: a.causal.is_some() as u32,
+        causal_offset: a.causal.unwrap_or(0),
+        scale: 1.0 / (a.head_dim as f32).sqrt(),
+        split_keys: ATTENTION_SPLIT_KEYS,
+    };
+    let hd = a.heads as u64 * a.head_dim as u64;
+    let cost = Cost {
+        // Each (query, head) streams its keys and values once.
+        bytes: a.tq as u64 * (a.tk as u64 * 2 + 2) * hd * 4,
+        flops: 4 * a.tq as u64 * a.tk as u64 * hd,
+    };
+    Ok((params, cost))
 }
 
 /// The suppress bitmask the select kernel reads: bit id of word id/32.

@@ -179,6 +179,11 @@ fn layer_norm_matches_reference() {
 
 /// Q, K, V packed in one fused buffer [t][3·h·d] as the QKV projection writes them.
 fn run_attention(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, causal: Option<usize>) {
+    run_attention_with(r, tq, tk, heads, d, causal, false)
+}
+
+/// `chunked`: force the general fallback kernel instead of the one the launcher picks.
+fn run_attention_with(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, causal: Option<usize>, chunked: bool) {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
     let hd = heads * d;
@@ -199,9 +204,7 @@ fn run_attention(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, c
     let kvb = g.upload_f32("kv", &kv).unwrap();
     let ob = poisoned(tq * hd);
     let mut rec = g.recorder();
-    kern.attention(
-        &mut rec,
-        &AttentionArgs {
+    let args = AttentionArgs {
             q: Rows::at(&qb, 0, 3 * hd),
             k: Rows::at(&kvb, 0, 2 * hd),
             v: Rows::at(&kvb, hd, 2 * hd),
@@ -211,9 +214,12 @@ fn run_attention(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, c
             heads: heads as u32,
             head_dim: d as u32,
             causal: causal.map(|c| c as u32),
-        },
-    )
-    .unwrap();
+    };
+    if chunked {
+        kern.attention_chunked(&mut rec, &args).unwrap();
+    } else {
+        kern.attention(&mut rec, &args).unwrap();
+    }
     rec.submit(None).unwrap();
     let got = g.read_f32(&ob, 0, tq * hd).unwrap();
     let want = ops::attention(&q, &k, &v, tq, tk, heads, d, causal);
@@ -240,6 +246,9 @@ fn attention_matches_reference() {
     // invocation, which a naive per-dimension loop reaches here.
     run_attention(&mut r, 40, 1500, 2, 64, None);
     run_attention(&mut r, 12, 30, 2, 20, None);
+    // The chunked fallback (any key count, head_dim up to 128).
+    run_attention_with(&mut r, 3, 300, 2, 100, Some(297), true);
+    run_attention_with(&mut r, 20, 70, 3, 36, None, true);
 }
 
 #[test]
