@@ -509,7 +509,7 @@ fn gemv_variants() -> Vec<Variant> {
         name: "gemv".into(),
         change: "kernels/gemv.wgsl as shipped".into(),
         family: Family::Prod,
-        shape: Shape { cp: 32, kg: 8, wpt: 1 },
+        shape: Shape { cp: 8, kg: 32, wpt: 1 },
         src: GEMV_PROD.to_string(),
         needs_subgroups: false,
         pure_read: false,
@@ -539,10 +539,10 @@ fn gemv_variants() -> Vec<Variant> {
     sg.needs_subgroups = true;
     let m1kg32 = m1.child("m1.kg32", "m1, KG 8 -> 32", Shape { kg: 32, ..m1.shape }, &[konst("KG", 8, 32)]);
     let reshaped = [
-        prod_reshape(&prod, "gemv.cp16", "gemv, CP 32 -> 16 column pairs", 16, 8),
-        prod_reshape(&prod, "gemv.cp64", "gemv, CP 32 -> 64 column pairs", 64, 8),
-        prod_reshape(&prod, "gemv.kg4", "gemv, KG 8 -> 4 K slices", 32, 4),
-        prod_reshape(&prod, "gemv.kg16", "gemv, KG 8 -> 16 K slices", 32, 16),
+        prod_reshape(&prod, "gemv.cp32.kg8", "gemv, CP 8 -> 32, KG 32 -> 8 (shipped before)", 32, 8),
+        prod_reshape(&prod, "gemv.cp16", "gemv, CP 8 -> 16 column pairs", 16, 32),
+        prod_reshape(&prod, "gemv.kg16", "gemv, KG 32 -> 16 K slices", 8, 16),
+        prod_reshape(&prod, "gemv.kg64", "gemv, KG 32 -> 64 K slices", 8, 64),
     ];
     let mut all = vec![prod];
     all.extend(reshaped);

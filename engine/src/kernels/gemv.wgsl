@@ -3,12 +3,12 @@
 //
 // Memory-bound: every weight word is read exactly once per dispatch and used for all M
 // rows. W is k-major ([K][N], f16 pairs packed along N, as gemm.wgsl). A workgroup is
-// 32 column pairs x 8 slices of K: the 32 threads of a slice read 32 neighbouring words
-// of one weight row (128 bytes, coalesced on a GPU; contiguous on a CPU rasteriser), X is
-// the same address across them (a broadcast), and one barrier merges the 8 slices.
+// 8 column pairs x 32 slices of K (CP must match GEMV_COLUMN_PAIRS in mod.rs): the threads
+// of a slice read neighbouring words of one weight row (32-byte sectors on a GPU), X is the
+// same address across them (a broadcast), and one barrier merges the slices.
 // Splitting K matters on a big GPU: with one thread walking all of K per column pair, a
 // 384x1152 matrix gave 576 threads each with 384 loads in a row, 285 us per dispatch on
-// the H200; the slices cut the serial chain 8x and multiply the threads in flight.
+// the H200; 8 slices gave 19.6 us, and the kernel lab favoured 32 slices on large matrices.
 // flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate.
 
 struct Params {
@@ -23,8 +23,8 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 const MAXM: u32 = 8u;
-const CP: u32 = 32u;
-const KG: u32 = 8u;
+const CP: u32 = 8u;
+const KG: u32 = 32u;
 
 var<workgroup> red: array<vec2<f32>, 2048>; // [KG][MAXM][CP]
 
@@ -43,7 +43,7 @@ fn finish(v0: f32, n: u32, mi: u32) {
     y[o] = v;
 }
 
-@compute @workgroup_size(32, 8)
+@compute @workgroup_size(8, 32)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
     let nw = p.n / 2u;
     let cw = (wg.x + wg.y * 32768u) * CP + li.x;

@@ -16,6 +16,12 @@ use wgpu::Buffer;
 use crate::gpu::{Access, Cost, Gpu, Kernel, Recorder};
 use crate::{Error, Result};
 
+/// Workgroups of the selection's first pass (`GROUPS` in select.wgsl).
+const SELECT_GROUPS: u64 = 64;
+
+/// Column pairs per GEMV workgroup (`CP` in gemv.wgsl).
+const GEMV_COLUMN_PAIRS: u32 = 8;
+
 /// Largest number of activation rows the GEMV kernel takes; more go to the tiled GEMM.
 pub const GEMV_MAX_ROWS: u32 = 8;
 
@@ -226,6 +232,9 @@ pub struct Kernels {
     embed: Arc<Kernel>,
     copy_rows: Arc<Kernel>,
     select: Arc<Kernel>,
+    select_partial: Arc<Kernel>,
+    /// 64 partial reductions of the logits + the probe logit (see select.wgsl).
+    select_partials: Buffer,
     zero: Buffer,
 }
 
@@ -245,6 +254,8 @@ impl Kernels {
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
+            select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W])?,
+            select_partials: gpu.buffer("select partials", (SELECT_GROUPS * 9 + 1) * 4)?,
             zero: gpu.buffer("zero", 16)?,
         })
     }
@@ -285,7 +296,7 @@ impl Kernels {
         };
         let b = bias.unwrap_or(&self.zero);
         if m <= GEMV_MAX_ROWS {
-            let g = grid_1d((w.n / 2).div_ceil(32));
+            let g = grid_1d((w.n / 2).div_ceil(GEMV_COLUMN_PAIRS));
             rec.dispatch(&self.gemv, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], [g[0], g[1], 1], cost)
         } else {
             let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
@@ -426,7 +437,10 @@ impl Kernels {
     /// The masked reductions of one row of logits (see select.wgsl); 8 words into `out`.
     pub(crate) fn select(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &SelectParams, out: &Buffer) -> Result<()> {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
-        rec.dispatch(&self.select, bytemuck::bytes_of(params), &[logits, suppress, out], [1, 1, 1], cost)
+        let p = bytemuck::bytes_of(params);
+        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials], [SELECT_GROUPS as u32, 1, 1], cost)?;
+        let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 32, flops: SELECT_GROUPS * 9 };
+        rec.dispatch(&self.select, p, &[&self.select_partials, suppress, out], [1, 1, 1], merge)
     }
 }
 

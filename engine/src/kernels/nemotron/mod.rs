@@ -1,17 +1,30 @@
 //! The kernels of the Nemotron-H frame (Mamba-2 mixers, GQA attention, relu² MoE) for a
 //! pass of up to [`PASS_MAX`] positions, f32 activations and (for now) f32 weights.
 //! Each launcher is held to its CPU reference in `crate::reference::nemotron_h` by
-//! `tests.rs` (random inputs of awkward sizes, outputs poisoned with NaN first).
+//! `tests.rs` (random inputs of awkward sizes, outputs poisoned with NaN first), and a
+//! test-only sketch there wires them into the whole fixture model (prefill in passes of
+//! 64, a verify pass with snapshots, rollback) and holds it to the reference and to
+//! transformers.
+//!
+//! | file | launchers |
+//! |------|-----------|
+//! | `rmsnorm.wgsl` | [`add_rmsnorm`](NemotronKernels::add_rmsnorm), [`add_moe_rmsnorm`](NemotronKernels::add_moe_rmsnorm) |
+//! | `mamba.wgsl` | [`mamba_conv`](NemotronKernels::mamba_conv), [`mamba_scan`](NemotronKernels::mamba_scan), [`gated_norm`](NemotronKernels::gated_norm) |
+//! | `linear.wgsl` | [`linear`](NemotronKernels::linear), [`expert_linear`](NemotronKernels::expert_linear) |
+//! | `moe.wgsl` | [`route`](NemotronKernels::route), [`expert_lists`](NemotronKernels::expert_lists), [`moe_combine`](NemotronKernels::moe_combine), [`relu2`](NemotronKernels::relu2) |
+//! | `gqa.wgsl` | [`gqa`](NemotronKernels::gqa), [`gqa_split`](NemotronKernels::gqa_split) |
+//! | `embed.wgsl`, `argmax.wgsl` | [`embed`](NemotronKernels::embed), [`argmax`](NemotronKernels::argmax) |
 //!
 //! Layouts are the reference's, so states and snapshots compare directly:
-//! - activations `[position][width]`, contiguous; the Mamba in_proj output is
-//!   `[position][z | xBC | dt]`;
+//! - activations `[position][width]`; the Mamba in_proj output is `[position][z | xBC | dt]`;
 //! - conv ring `[3][conv_dim]` (oldest first), SSM state `[head][state][head_dim]`;
-//! - snapshots: slot b holds the state after position b of the pass;
-//! - KV cache `[position][kv_head][head_dim]`;
+//! - snapshots: slot b holds the state after position b of the pass (rollback(j) copies
+//!   slot j back; attention rolls back by its KV length alone);
+//! - KV cache `[position][kv_head][head_dim]` (the K/V projections write straight into it);
 //! - f32 weights row-major `[out][in]` (as PyTorch's Linear); expert banks `[E][out][in]`.
 //!
-//! No kernel assumes a subgroup size: reductions go through workgroup memory.
+//! No kernel assumes a subgroup size: reductions go through workgroup memory. Every loop
+//! runs at most a few thousand times per invocation (lavapipe stops loops at 65535).
 
 #[cfg(test)]
 mod tests;
@@ -33,7 +46,7 @@ struct RmsParams {
     rows: u32,
     cols: u32,
     add: u32,
-    _p0: u32,
+    k: u32,
     eps: f32,
     _p1: [u32; 3],
 }
@@ -140,7 +153,9 @@ struct GqaParams {
     q_stride: u32,
     o_off: u32,
     o_stride: u32,
-    _p0: [u32; 3],
+    chunk: u32,
+    splits: u32,
+    _p0: u32,
     scale: f32,
     _p1: [u32; 3],
 }
@@ -310,7 +325,10 @@ pub struct NemotronKernels {
     combine: Arc<Kernel>,
     relu2: Arc<Kernel>,
     gqa: Arc<Kernel>,
+    gqa_split: Arc<Kernel>,
+    gqa_merge: Arc<Kernel>,
     argmax: Arc<Kernel>,
+    embed: Arc<Kernel>,
     /// Bound for an absent read-only input.
     dummy: Buffer,
     /// Bound for an absent output (a separate buffer: one dispatch cannot use a buffer both
@@ -327,7 +345,7 @@ impl NemotronKernels {
             rmsnorm: gpu.kernel(
                 "nh_add_rmsnorm",
                 include_str!("rmsnorm.wgsl"),
-                &[W, R, R, W],
+                &[W, R, R, W, R, R],
             )?,
             conv: gpu.kernel_entry("nh_conv", mamba, "conv", &[R, R, R, W, W, W])?,
             scan: gpu.kernel_entry("nh_scan", mamba, "scan", &[R, R, R, W, W, W])?,
@@ -342,7 +360,20 @@ impl NemotronKernels {
             combine: gpu.kernel_entry("nh_moe_combine", moe, "combine", &[R, R, W])?,
             relu2: gpu.kernel_entry("nh_relu2", moe, "relu2", &[W])?,
             gqa: gpu.kernel("nh_gqa", include_str!("gqa.wgsl"), &[R, R, R, W])?,
+            gqa_split: gpu.kernel_entry(
+                "nh_gqa_split",
+                include_str!("gqa.wgsl"),
+                "split",
+                &[R, R, R, W],
+            )?,
+            gqa_merge: gpu.kernel_entry(
+                "nh_gqa_merge",
+                include_str!("gqa.wgsl"),
+                "merge",
+                &[R, W],
+            )?,
             argmax: gpu.kernel("nh_argmax", include_str!("argmax.wgsl"), &[R, W])?,
+            embed: gpu.kernel("nh_embed", include_str!("embed.wgsl"), &[R, R, W])?,
             dummy: gpu.buffer("nemotron dummy", 16)?,
             dummy_w: gpu.buffer("nemotron dummy out", 16)?,
         })
@@ -362,23 +393,82 @@ impl NemotronKernels {
         cols: u32,
         eps: f32,
     ) -> Result<()> {
+        self.rmsnorm_dispatch(rec, h, delta.map(|d| (d, None)), w, y, rows, cols, eps)
+    }
+
+    /// [`add_rmsnorm`](Self::add_rmsnorm) after a MoE layer, its routed sum folded in:
+    /// `h += shared + Σ_s weights[t·top_k + s] · eo[t·top_k + s]` (the router's weights and
+    /// the expert outputs per entry, rows of `cols`), then the RMSNorm. Saves the combine
+    /// pass.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_moe_rmsnorm(
+        &self,
+        rec: &mut Recorder,
+        h: &Buffer,
+        shared: &Buffer,
+        weights: &Buffer,
+        eo: &Buffer,
+        top_k: u32,
+        w: &Buffer,
+        y: &Buffer,
+        rows: u32,
+        cols: u32,
+        eps: f32,
+    ) -> Result<()> {
+        self.rmsnorm_dispatch(
+            rec,
+            h,
+            Some((shared, Some((weights, eo, top_k)))),
+            w,
+            y,
+            rows,
+            cols,
+            eps,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn rmsnorm_dispatch(
+        &self,
+        rec: &mut Recorder,
+        h: &Buffer,
+        add: Option<(&Buffer, Option<(&Buffer, &Buffer, u32)>)>,
+        w: &Buffer,
+        y: &Buffer,
+        rows: u32,
+        cols: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let moe = add.and_then(|a| a.1);
+        let k = moe.map_or(0, |m| m.2);
         let params = RmsParams {
             rows,
             cols,
-            add: delta.is_some() as u32,
-            _p0: 0,
+            add: match add {
+                None => 0,
+                Some((_, None)) => 1,
+                Some((_, Some(_))) => 2,
+            },
+            k,
             eps,
             _p1: [0; 3],
         };
         let rc = rows as u64 * cols as u64;
         let cost = Cost {
-            bytes: rc * 4 * if delta.is_some() { 4 } else { 2 } + cols as u64 * 4,
-            flops: rc * 5,
+            bytes: rc * 4 * (if add.is_some() { 4 } else { 2 } + k as u64) + cols as u64 * 4,
+            flops: rc * (5 + 2 * k as u64),
         };
         rec.dispatch(
             &self.rmsnorm,
             bytemuck::bytes_of(&params),
-            &[h, delta.unwrap_or(&self.dummy), w, y],
+            &[
+                h,
+                add.map_or(&self.dummy, |a| a.0),
+                w,
+                y,
+                moe.map_or(&self.dummy, |m| m.0),
+                moe.map_or(&self.dummy, |m| m.1),
+            ],
             [rows, 1, 1],
             cost,
         )
@@ -463,7 +553,7 @@ impl NemotronKernels {
                 s.state
             )));
         }
-        if s.groups == 0 || s.heads % s.groups != 0 {
+        if s.groups == 0 || !s.heads.is_multiple_of(s.groups) {
             return Err(Error::Invalid(format!(
                 "{} Mamba heads in {} groups",
                 s.heads, s.groups
@@ -667,7 +757,7 @@ impl NemotronKernels {
         }
         if e.n_group > 1
             && (e.n_group > 64
-                || e.n_routed_experts % e.n_group != 0
+                || !e.n_routed_experts.is_multiple_of(e.n_group)
                 || e.n_routed_experts / e.n_group < 2)
         {
             return Err(Error::Unsupported(format!(
@@ -799,7 +889,8 @@ impl NemotronKernels {
     /// Causal GQA: queries `q` (rows of `heads·head_dim`, one per position of the pass),
     /// caches `[position][kv_heads][head_dim]` already holding the pass's own K and V;
     /// query head h reads KV head `h / (heads / kv_heads)`, scale `head_dim^-½`; `out` rows
-    /// of `heads·head_dim`. As `crate::reference::nemotron_h::gqa_attention`.
+    /// of `heads·head_dim`. As `crate::reference::nemotron_h::gqa_attention`. One
+    /// workgroup per (position, head) walks the whole context.
     pub fn gqa(
         &self,
         rec: &mut Recorder,
@@ -809,43 +900,67 @@ impl NemotronKernels {
         v_cache: &Buffer,
         out: RowsF32,
     ) -> Result<()> {
-        check_pass(a.n)?;
-        if a.head_dim > 128 || a.kv_heads == 0 || a.heads % a.kv_heads != 0 {
-            return Err(Error::Unsupported(format!(
-                "GQA with {} heads over {} KV heads of {} (head size at most 128, heads a multiple of KV heads)",
-                a.heads, a.kv_heads, a.head_dim
-            )));
-        }
-        let params = GqaParams {
-            n: a.n,
-            heads: a.heads,
-            kv: a.kv_heads,
-            d: a.head_dim,
-            pos0: a.pos0,
-            q_off: q.off,
-            q_stride: q.stride,
-            o_off: out.off,
-            o_stride: out.stride,
-            _p0: [0; 3],
-            scale: 1.0 / (a.head_dim as f32).sqrt(),
-            _p1: [0; 3],
-        };
-        let (n, keys, hd) = (
-            a.n as u64,
-            a.pos0 as u64 + a.n as u64,
-            a.heads as u64 * a.head_dim as u64,
-        );
-        let cost = Cost {
-            bytes: n * keys * 2 * hd * 4 + n * hd * 8,
-            flops: 4 * n * keys * hd,
-        };
+        let params = gqa_params(a, q, out, 0, 1)?;
         rec.dispatch(
             &self.gqa,
             bytemuck::bytes_of(&params),
             &[q.buf, k_cache, v_cache, out.buf],
             [a.n, a.heads, 1],
-            cost,
+            gqa_cost(a),
         )
+    }
+
+    /// [`gqa`](Self::gqa) with the keys cut into chunks of `chunk` (a multiple of 64 is
+    /// best) over separate workgroups, then merged: for few queries over a long context
+    /// (decode, verify). `part` holds `n · heads · splits · (head_dim + 2)` floats, where
+    /// `splits = ⌈(pos0 + n) / chunk⌉` (see [`gqa_part_len`](Self::gqa_part_len)).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gqa_split(
+        &self,
+        rec: &mut Recorder,
+        a: &GqaShape,
+        q: RowsF32,
+        k_cache: &Buffer,
+        v_cache: &Buffer,
+        out: RowsF32,
+        part: &Buffer,
+        chunk: u32,
+    ) -> Result<()> {
+        if chunk == 0 {
+            return Err(Error::Invalid("GQA split into chunks of 0 keys".into()));
+        }
+        let splits = (a.pos0 + a.n).div_ceil(chunk);
+        let need = Self::gqa_part_len(a, chunk) as u64 * 4;
+        if part.size() < need {
+            return Err(Error::Invalid(format!(
+                "GQA partials need {need} bytes, the buffer has {}",
+                part.size()
+            )));
+        }
+        let params = gqa_params(a, q, out, chunk, splits)?;
+        rec.dispatch(
+            &self.gqa_split,
+            bytemuck::bytes_of(&params),
+            &[q.buf, k_cache, v_cache, part],
+            [splits, a.heads, a.n],
+            gqa_cost(a),
+        )?;
+        let merge = Cost {
+            bytes: a.n as u64 * a.heads as u64 * (splits as u64 + 1) * (a.head_dim as u64 + 2) * 4,
+            flops: 0,
+        };
+        rec.dispatch(
+            &self.gqa_merge,
+            bytemuck::bytes_of(&params),
+            &[part, out.buf],
+            [a.n, a.heads, 1],
+            merge,
+        )
+    }
+
+    /// Floats of the partials buffer [`gqa_split`](Self::gqa_split) needs.
+    pub fn gqa_part_len(a: &GqaShape, chunk: u32) -> u32 {
+        a.n * a.heads * (a.pos0 + a.n).div_ceil(chunk.max(1)) * (a.head_dim + 2)
     }
 
     /// `ids[t] = argmax logits[t]` (ties to the lower id) for `n` rows of `vocab`.
@@ -874,6 +989,85 @@ impl NemotronKernels {
             [n, 1, 1],
             cost,
         )
+    }
+
+    /// `h[t] = emb[ids[ids_off + t]]` for `n` positions; `emb` is `[vocab][hidden]` f32
+    /// (an id outside the vocabulary gives a zero row).
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed(
+        &self,
+        rec: &mut Recorder,
+        n: u32,
+        ids: &Buffer,
+        ids_off: u32,
+        emb: &Buffer,
+        vocab: u32,
+        hidden: u32,
+        h: &Buffer,
+    ) -> Result<()> {
+        check_pass(n)?;
+        let params = Quad {
+            a: n,
+            b: hidden,
+            c: vocab,
+            d: ids_off,
+        };
+        let cost = Cost {
+            bytes: n as u64 * (hidden as u64 * 8 + 4),
+            flops: 0,
+        };
+        rec.dispatch(
+            &self.embed,
+            bytemuck::bytes_of(&params),
+            &[ids, emb, h],
+            [hidden.div_ceil(64), n, 1],
+            cost,
+        )
+    }
+}
+
+fn gqa_params(
+    a: &GqaShape,
+    q: RowsF32,
+    out: RowsF32,
+    chunk: u32,
+    splits: u32,
+) -> Result<GqaParams> {
+    check_pass(a.n)?;
+    if a.head_dim > 128 || a.kv_heads == 0 || !a.heads.is_multiple_of(a.kv_heads) {
+        return Err(Error::Unsupported(format!(
+            "GQA with {} heads over {} KV heads of {} (head size at most 128, heads a multiple of KV heads)",
+            a.heads, a.kv_heads, a.head_dim
+        )));
+    }
+    Ok(GqaParams {
+        n: a.n,
+        heads: a.heads,
+        kv: a.kv_heads,
+        d: a.head_dim,
+        pos0: a.pos0,
+        q_off: q.off,
+        q_stride: q.stride,
+        o_off: out.off,
+        o_stride: out.stride,
+        chunk,
+        splits,
+        _p0: 0,
+        scale: 1.0 / (a.head_dim as f32).sqrt(),
+        _p1: [0; 3],
+    })
+}
+
+fn gqa_cost(a: &GqaShape) -> Cost {
+    let (n, keys, hd) = (
+        a.n as u64,
+        a.pos0 as u64 + a.n as u64,
+        a.heads as u64 * a.head_dim as u64,
+    );
+    // Each query streams its keys and values (causal: on average about half the pass's own).
+    Cost {
+        bytes: n * keys * 2 * hd * 4 + n * hd * 8,
+        flops: 4 * n * keys * hd,
     }
 }
 

@@ -733,6 +733,30 @@ fn run_gqa(r: &mut StdRng, n: usize, pos0: usize, heads: usize, kv: usize, d: us
         e < 1e-5,
         "gqa n={n} pos0={pos0} heads={heads}/{kv} d={d}: rel err {e}"
     );
+    // Split over workgroups and merged; chunk 37 leaves empty splits for early queries.
+    for chunk in [64u32, 37] {
+        let part = poisoned(NemotronKernels::gqa_part_len(&a, chunk) as usize);
+        let out = poisoned(n * heads * d);
+        let mut rec = g.recorder();
+        kern.gqa_split(
+            &mut rec,
+            &a,
+            RowsF32::at(&qb, 3, qs as u32),
+            &kb,
+            &vb,
+            RowsF32::new(&out, (heads * d) as u32),
+            &part,
+            chunk,
+        )
+        .unwrap();
+        rec.submit(None).unwrap();
+        let e = rel_err(&g.read_f32(&out, 0, n * heads * d).unwrap(), &want);
+        eprintln!("  split in chunks of {chunk}: rel err {e:.2e}");
+        assert!(
+            e < 1e-5,
+            "gqa split {chunk} n={n} pos0={pos0} heads={heads}/{kv} d={d}: rel err {e}"
+        );
+    }
 }
 
 #[test]
@@ -783,8 +807,8 @@ fn nh_argmax_matches_reference() {
 // count in a buffer): just enough wiring to show that the kernels compose into the whole
 // Nemotron-H forward, in passes of 64, and that a verify pass's snapshots roll back.
 
-use crate::models::nemotron_h::fixture::{Expected, fixture_dir, max_row_rel};
 use crate::models::nemotron_h::LayerKind;
+use crate::models::nemotron_h::fixture::{Expected, fixture_dir, max_row_rel};
 use crate::reference::nemotron_h::{Mixer, Model};
 
 struct Lin {
@@ -860,6 +884,9 @@ struct Sketch<'m> {
     eo: wgpu::Buffer,
     mid: wgpu::Buffer,
     logits: wgpu::Buffer,
+    emb: wgpu::Buffer,
+    ids: wgpu::Buffer,
+    part: wgpu::Buffer,
     pos: u32,
 }
 
@@ -883,36 +910,72 @@ impl<'m> Sketch<'m> {
                     in_proj: lin(&w.in_proj),
                     out_proj: lin(&w.out_proj),
                     conv_w: g.upload_f32("conv_w", &w.conv_w).unwrap(),
-                    conv_b: w.conv_b.as_ref().map(|b| g.upload_f32("conv_b", b).unwrap()),
-                    par: g.upload_f32("par", &scan_params(&w.a_log, &w.d, &w.dt_bias)).unwrap(),
+                    conv_b: w
+                        .conv_b
+                        .as_ref()
+                        .map(|b| g.upload_f32("conv_b", b).unwrap()),
+                    par: g
+                        .upload_f32("par", &scan_params(&w.a_log, &w.d, &w.dt_bias))
+                        .unwrap(),
                     norm: g.upload_f32("gnorm", &w.norm).unwrap(),
                     ring: g.buffer("ring", shape.conv_state_len() as u64 * 4).unwrap(),
                     ssm: g.buffer("ssm", shape.ssm_state_len() as u64 * 4).unwrap(),
-                    ring_snap: g.buffer("ring snap", (p * shape.conv_state_len() as usize * 4) as u64).unwrap(),
-                    ssm_snap: g.buffer("ssm snap", (p * shape.ssm_state_len() as usize * 4) as u64).unwrap(),
+                    ring_snap: g
+                        .buffer(
+                            "ring snap",
+                            (p * shape.conv_state_len() as usize * 4) as u64,
+                        )
+                        .unwrap(),
+                    ssm_snap: g
+                        .buffer("ssm snap", (p * shape.ssm_state_len() as usize * 4) as u64)
+                        .unwrap(),
                 },
                 Mixer::Attention(w) => GpuLayer::Attention {
                     q: lin(&w.q),
                     k: lin(&w.k),
                     v: lin(&w.v),
                     o: lin(&w.o),
-                    kc: g.buffer("k cache", (SKETCH_MAX_LEN * kvw * 4) as u64).unwrap(),
-                    vc: g.buffer("v cache", (SKETCH_MAX_LEN * kvw * 4) as u64).unwrap(),
+                    kc: g
+                        .buffer("k cache", (SKETCH_MAX_LEN * kvw * 4) as u64)
+                        .unwrap(),
+                    vc: g
+                        .buffer("v cache", (SKETCH_MAX_LEN * kvw * 4) as u64)
+                        .unwrap(),
                 },
                 Mixer::Moe(w) => {
                     let ne = e.n_routed_experts;
-                    let up: Vec<f32> = w.experts.iter().flat_map(|x| x.up.w.iter().copied()).collect();
-                    let down: Vec<f32> = w.experts.iter().flat_map(|x| x.down.w.iter().copied()).collect();
+                    let up: Vec<f32> = w
+                        .experts
+                        .iter()
+                        .flat_map(|x| x.up.w.iter().copied())
+                        .collect();
+                    let down: Vec<f32> = w
+                        .experts
+                        .iter()
+                        .flat_map(|x| x.down.w.iter().copied())
+                        .collect();
                     GpuLayer::Moe {
                         gate: F32Weights::upload(g, "gate", &w.gate, ne, hid).unwrap(),
                         bias: g.upload_f32("router bias", &w.bias).unwrap(),
-                        up: F32Weights::upload_bank(g, "up", &up, ne, e.intermediate_size, hid).unwrap(),
-                        down: F32Weights::upload_bank(g, "down", &down, ne, hid, e.intermediate_size).unwrap(),
+                        up: F32Weights::upload_bank(g, "up", &up, ne, e.intermediate_size, hid)
+                            .unwrap(),
+                        down: F32Weights::upload_bank(
+                            g,
+                            "down",
+                            &down,
+                            ne,
+                            hid,
+                            e.intermediate_size,
+                        )
+                        .unwrap(),
                         sup: lin(&w.shared.up),
                         sdown: lin(&w.shared.down),
                     }
                 }
-                Mixer::Mlp(w) => GpuLayer::Mlp { up: lin(&w.up), down: lin(&w.down) },
+                Mixer::Mlp(w) => GpuLayer::Mlp {
+                    up: lin(&w.up),
+                    down: lin(&w.down),
+                },
             });
         }
         let f = |n: usize| g.buffer("scratch", (n * 4) as u64).unwrap();
@@ -920,10 +983,21 @@ impl<'m> Sketch<'m> {
         Sketch {
             m,
             shape,
-            norms: m.layers.iter().map(|l| g.upload_f32("norm", &l.norm).unwrap()).collect(),
+            norms: m
+                .layers
+                .iter()
+                .map(|l| g.upload_f32("norm", &l.norm).unwrap())
+                .collect(),
             layers,
             norm_f: g.upload_f32("norm_f", &m.norm_f).unwrap(),
-            head: F32Weights::upload(g, "lm head", m.lm_head.as_deref().unwrap_or(&m.embeddings), c.vocab_size, hid).unwrap(),
+            head: F32Weights::upload(
+                g,
+                "lm head",
+                m.lm_head.as_deref().unwrap_or(&m.embeddings),
+                c.vocab_size,
+                hid,
+            )
+            .unwrap(),
             h: f(p * hid),
             x: f(p * hid),
             out: f(p * hid),
@@ -941,6 +1015,9 @@ impl<'m> Sketch<'m> {
             eo: f(p * e.top_k * hid),
             mid: f(p * mid),
             logits: f(p * c.vocab_size),
+            emb: g.upload_f32("embeddings", &m.embeddings).unwrap(),
+            ids: f(p),
+            part: f(8 * a.num_heads * SKETCH_MAX_LEN.div_ceil(64) * (a.head_dim + 2)),
             pos: 0,
         }
     }
@@ -955,50 +1032,187 @@ impl<'m> Sketch<'m> {
         let (lo, hi) = m.dt_clamp.bounds(&c.mamba);
         let a = &c.attention;
         let e = &c.moe;
-        let (qw, kvw) = ((a.num_heads * a.head_dim) as u32, (a.num_kv_heads * a.head_dim) as u32);
-        g.write(&self.h, 0, bytemuck::cast_slice(&m.embed(tokens).unwrap()));
+        let (qw, kvw) = (
+            (a.num_heads * a.head_dim) as u32,
+            (a.num_kv_heads * a.head_dim) as u32,
+        );
+        g.write(&self.ids, 0, bytemuck::cast_slice(tokens));
         let rows = s.in_proj_rows();
         let mut rec = g.recorder();
         let r = &mut rec;
+        k.embed(
+            r,
+            n,
+            &self.ids,
+            0,
+            &self.emb,
+            c.vocab_size as u32,
+            hid,
+            &self.h,
+        )
+        .unwrap();
         let plain = LinearOps::default();
-        let relu2 = LinearOps { relu2: true, accumulate: false };
+        let relu2 = LinearOps {
+            relu2: true,
+            accumulate: false,
+        };
         let apply = |r: &mut Recorder, x: RowsF32, l: &Lin, y: RowsF32, ops: LinearOps| {
             k.linear(r, x, n, &l.w, l.b.as_ref(), y, ops).unwrap()
         };
+        let tk = e.top_k as u32;
+        // The residual add of the previous layer's output + this layer's norm; after a MoE
+        // layer its routed sum is folded in there (no combine pass).
+        let add_norm = |r: &mut Recorder, first: bool, after_moe: bool, w: &wgpu::Buffer| {
+            if after_moe {
+                k.add_moe_rmsnorm(
+                    r, &self.h, &self.out, &self.wts, &self.eo, tk, w, &self.x, n, hid, eps,
+                )
+                .unwrap();
+            } else {
+                k.add_rmsnorm(
+                    r,
+                    &self.h,
+                    (!first).then_some(&self.out),
+                    w,
+                    &self.x,
+                    n,
+                    hid,
+                    eps,
+                )
+                .unwrap();
+            }
+        };
+        let mut after_moe = false;
         for (i, layer) in self.layers.iter().enumerate() {
-            k.add_rmsnorm(r, &self.h, (i > 0).then_some(&self.out), &self.norms[i], &self.x, n, hid, eps).unwrap();
+            add_norm(r, i == 0, after_moe, &self.norms[i]);
+            after_moe = matches!(layer, GpuLayer::Moe { .. });
             let x = RowsF32::new(&self.x, hid);
             let out = RowsF32::new(&self.out, hid);
             match layer {
-                GpuLayer::Mamba { in_proj, out_proj, conv_w, conv_b, par, norm, ring, ssm, ring_snap, ssm_snap } => {
+                GpuLayer::Mamba {
+                    in_proj,
+                    out_proj,
+                    conv_w,
+                    conv_b,
+                    par,
+                    norm,
+                    ring,
+                    ssm,
+                    ring_snap,
+                    ssm_snap,
+                } => {
                     apply(r, x, in_proj, RowsF32::new(&self.proj, rows), plain);
-                    k.mamba_conv(r, &s, n, &self.proj, s.inner(), rows, conv_w, conv_b.as_ref(), ring, &self.xbc, snap.then_some(ring_snap)).unwrap();
-                    k.mamba_scan(r, &s, n, &self.proj, s.inner() + s.conv_dim(), rows, &self.xbc, par, (lo as f32, hi as f32), ssm, &self.y, snap.then_some(ssm_snap))
+                    k.mamba_conv(
+                        r,
+                        &s,
+                        n,
+                        &self.proj,
+                        s.inner(),
+                        rows,
+                        conv_w,
+                        conv_b.as_ref(),
+                        ring,
+                        &self.xbc,
+                        snap.then_some(ring_snap),
+                    )
+                    .unwrap();
+                    k.mamba_scan(
+                        r,
+                        &s,
+                        n,
+                        &self.proj,
+                        s.inner() + s.conv_dim(),
+                        rows,
+                        &self.xbc,
+                        par,
+                        (lo as f32, hi as f32),
+                        ssm,
+                        &self.y,
+                        snap.then_some(ssm_snap),
+                    )
+                    .unwrap();
+                    k.gated_norm(r, &s, n, &self.y, &self.proj, 0, rows, norm, eps)
                         .unwrap();
-                    k.gated_norm(r, &s, n, &self.y, &self.proj, 0, rows, norm, eps).unwrap();
                     apply(r, RowsF32::new(&self.y, s.inner()), out_proj, out, plain);
                 }
-                GpuLayer::Attention { q, k: kp, v, o, kc, vc } => {
+                GpuLayer::Attention {
+                    q,
+                    k: kp,
+                    v,
+                    o,
+                    kc,
+                    vc,
+                } => {
                     apply(r, x, q, RowsF32::new(&self.q, qw), plain);
                     // K and V straight into the cache rows of this pass.
                     apply(r, x, kp, RowsF32::at(kc, self.pos * kvw, kvw), plain);
                     apply(r, x, v, RowsF32::at(vc, self.pos * kvw, kvw), plain);
-                    let sh = GqaShape { n, pos0: self.pos, heads: a.num_heads as u32, kv_heads: a.num_kv_heads as u32, head_dim: a.head_dim as u32 };
-                    k.gqa(r, &sh, RowsF32::new(&self.q, qw), kc, vc, RowsF32::new(&self.att, qw)).unwrap();
+                    let sh = GqaShape {
+                        n,
+                        pos0: self.pos,
+                        heads: a.num_heads as u32,
+                        kv_heads: a.num_kv_heads as u32,
+                        head_dim: a.head_dim as u32,
+                    };
+                    let (qr, ar) = (RowsF32::new(&self.q, qw), RowsF32::new(&self.att, qw));
+                    if n <= 8 {
+                        // Few queries (verify, decode): the keys split over workgroups.
+                        k.gqa_split(r, &sh, qr, kc, vc, ar, &self.part, 64).unwrap();
+                    } else {
+                        k.gqa(r, &sh, qr, kc, vc, ar).unwrap();
+                    }
                     apply(r, RowsF32::new(&self.att, qw), o, out, plain);
                 }
-                GpuLayer::Moe { gate, bias, up, down, sup, sdown } => {
-                    let (ne, tk, inter) = (e.n_routed_experts as u32, e.top_k as u32, e.intermediate_size as u32);
-                    k.linear(r, x, n, gate, None, RowsF32::new(&self.rl, ne), plain).unwrap();
-                    k.route(r, e, n, &self.rl, bias, &self.sel, &self.wts).unwrap();
-                    k.expert_lists(r, n, ne, tk, &self.sel, &self.list, &self.cnt, PASS_MAX).unwrap();
-                    let lists = ExpertLists { list: &self.list, cnt: &self.cnt, cap: PASS_MAX, top_k: tk };
-                    k.expert_linear(r, &lists, n, x, tk, up, RowsF32::new(&self.hmid, inter), relu2).unwrap();
-                    k.expert_linear(r, &lists, n, RowsF32::new(&self.hmid, inter), 1, down, RowsF32::new(&self.eo, hid), plain).unwrap();
+                GpuLayer::Moe {
+                    gate,
+                    bias,
+                    up,
+                    down,
+                    sup,
+                    sdown,
+                } => {
+                    let (ne, tk, inter) = (
+                        e.n_routed_experts as u32,
+                        e.top_k as u32,
+                        e.intermediate_size as u32,
+                    );
+                    k.linear(r, x, n, gate, None, RowsF32::new(&self.rl, ne), plain)
+                        .unwrap();
+                    k.route(r, e, n, &self.rl, bias, &self.sel, &self.wts)
+                        .unwrap();
+                    k.expert_lists(r, n, ne, tk, &self.sel, &self.list, &self.cnt, PASS_MAX)
+                        .unwrap();
+                    let lists = ExpertLists {
+                        list: &self.list,
+                        cnt: &self.cnt,
+                        cap: PASS_MAX,
+                        top_k: tk,
+                    };
+                    k.expert_linear(
+                        r,
+                        &lists,
+                        n,
+                        x,
+                        tk,
+                        up,
+                        RowsF32::new(&self.hmid, inter),
+                        relu2,
+                    )
+                    .unwrap();
+                    k.expert_linear(
+                        r,
+                        &lists,
+                        n,
+                        RowsF32::new(&self.hmid, inter),
+                        1,
+                        down,
+                        RowsF32::new(&self.eo, hid),
+                        plain,
+                    )
+                    .unwrap();
                     let si = e.shared_intermediate_size as u32;
                     apply(r, x, sup, RowsF32::new(&self.mid, si), relu2);
                     apply(r, RowsF32::new(&self.mid, si), sdown, out, plain);
-                    k.moe_combine(r, n, hid, tk, &self.wts, &self.eo, &self.out, true).unwrap();
                 }
                 GpuLayer::Mlp { up, down } => {
                     let mi = c.mlp_intermediate_size as u32;
@@ -1007,9 +1221,18 @@ impl<'m> Sketch<'m> {
                 }
             }
         }
-        k.add_rmsnorm(r, &self.h, Some(&self.out), &self.norm_f, &self.x, n, hid, eps).unwrap();
+        add_norm(r, false, after_moe, &self.norm_f);
         let v = c.vocab_size as u32;
-        k.linear(r, RowsF32::new(&self.x, hid), n, &self.head, None, RowsF32::new(&self.logits, v), plain).unwrap();
+        k.linear(
+            r,
+            RowsF32::new(&self.x, hid),
+            n,
+            &self.head,
+            None,
+            RowsF32::new(&self.logits, v),
+            plain,
+        )
+        .unwrap();
         rec.submit(None).unwrap();
         self.pos += n;
         g.read_f32(&self.logits, 0, (n * v) as usize).unwrap()
@@ -1020,9 +1243,19 @@ impl<'m> Sketch<'m> {
     fn rollback(&mut self, pos0: u32, j: u32) {
         let g = gpu();
         let mut rec = g.recorder();
-        let (cl, sl) = (self.shape.conv_state_len() as u64 * 4, self.shape.ssm_state_len() as u64 * 4);
+        let (cl, sl) = (
+            self.shape.conv_state_len() as u64 * 4,
+            self.shape.ssm_state_len() as u64 * 4,
+        );
         for l in &self.layers {
-            if let GpuLayer::Mamba { ring, ssm, ring_snap, ssm_snap, .. } = l {
+            if let GpuLayer::Mamba {
+                ring,
+                ssm,
+                ring_snap,
+                ssm_snap,
+                ..
+            } = l
+            {
                 rec.copy(ring_snap, j as u64 * cl, ring, 0, cl);
                 rec.copy(ssm_snap, j as u64 * sl, ssm, 0, sl);
             }
@@ -1048,8 +1281,14 @@ fn nh_kernels_compose_into_the_fixture_frame_with_rollback() {
     let want = m.context().prefill(&ids).unwrap();
     let (er, pr) = max_row_rel(&got, &want, v);
     let (et, pt) = max_row_rel(&got, ex.f32("prompt_logits"), v);
-    eprintln!("sketch prefill of {} in passes of 64: vs CPU reference {er:.2e} (pos {pr}), vs transformers {et:.2e} (pos {pt})", ids.len());
-    assert!(er < 1e-4 && et < 1e-3, "prefill: vs reference {er}, vs transformers {et}");
+    eprintln!(
+        "sketch prefill of {} in passes of 64: vs CPU reference {er:.2e} (pos {pr}), vs transformers {et:.2e} (pos {pt})",
+        ids.len()
+    );
+    assert!(
+        er < 1e-4 && et < 1e-3,
+        "prefill: vs reference {er}, vs transformers {et}"
+    );
 
     // A verify pass of k positions with snapshots, then rollback(j) + one decode step for
     // every j (descending, so the KV rows a later j needs are the verify pass's).
@@ -1074,4 +1313,108 @@ fn nh_kernels_compose_into_the_fixture_frame_with_rollback() {
     }
     eprintln!("sketch verify of {kk}: {ev:.2e}; rollback(j) + decode, worst over j: {worst:.2e}");
     assert!(worst < 1e-4, "verify/rollback: {worst}");
+}
+
+#[test]
+fn nh_embed_gathers_rows() {
+    let mut r = rng("nh_embed");
+    let g = gpu();
+    let kern = kernels();
+    let (vocab, hidden, n) = (37usize, 70usize, 13usize);
+    let emb = rand_vec(&mut r, vocab * hidden, 1.0);
+    let mut ids: Vec<u32> = (0..n + 2)
+        .map(|_| r.random_range(0..vocab as u32))
+        .collect();
+    ids[5] = vocab as u32 + 3; // out of range: a zero row
+    let ib = g.upload_u32("ids", &ids).unwrap();
+    let eb = g.upload_f32("emb", &emb).unwrap();
+    let h = poisoned(n * hidden);
+    let mut rec = g.recorder();
+    kern.embed(
+        &mut rec,
+        n as u32,
+        &ib,
+        2,
+        &eb,
+        vocab as u32,
+        hidden as u32,
+        &h,
+    )
+    .unwrap();
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&h, 0, n * hidden).unwrap();
+    for t in 0..n {
+        let id = ids[2 + t] as usize;
+        let want: Vec<f32> = if id < vocab {
+            emb[id * hidden..(id + 1) * hidden].to_vec()
+        } else {
+            vec![0.0; hidden]
+        };
+        assert_eq!(
+            &got[t * hidden..(t + 1) * hidden],
+            &want[..],
+            "position {t}"
+        );
+    }
+}
+
+#[test]
+fn nh_add_moe_rmsnorm_matches_reference() {
+    let mut r = rng("nh_add_moe_rmsnorm");
+    let g = gpu();
+    let k = kernels();
+    for &(rows, cols, tk) in &[(1usize, 40usize, 4usize), (64, 257, 6), (9, 1000, 3)] {
+        let h: Vec<f32> = rand_vec(&mut r, rows * cols, 2.0)
+            .iter()
+            .map(|v| v + 5.0)
+            .collect();
+        let shared = rand_vec(&mut r, rows * cols, 1.0);
+        let wts = rand_vec(&mut r, rows * tk, 1.0);
+        let eo = rand_vec(&mut r, rows * tk * cols, 1.0);
+        let w = rand_vec(&mut r, cols, 1.5);
+        let (hb, sb, wb, eb, nb) = (
+            g.upload_f32("h", &h).unwrap(),
+            g.upload_f32("shared", &shared).unwrap(),
+            g.upload_f32("wts", &wts).unwrap(),
+            g.upload_f32("eo", &eo).unwrap(),
+            g.upload_f32("w", &w).unwrap(),
+        );
+        let yb = poisoned(rows * cols);
+        let mut rec = g.recorder();
+        k.add_moe_rmsnorm(
+            &mut rec,
+            &hb,
+            &sb,
+            &wb,
+            &eb,
+            tk as u32,
+            &nb,
+            &yb,
+            rows as u32,
+            cols as u32,
+            1e-5,
+        )
+        .unwrap();
+        rec.submit(None).unwrap();
+        // The reference's MoE output: routed sum in f64, then + shared.
+        let mut hs = h.clone();
+        for t in 0..rows {
+            for c in 0..cols {
+                let routed: f64 = (0..tk)
+                    .map(|s| wts[t * tk + s] as f64 * eo[(t * tk + s) * cols + c] as f64)
+                    .sum();
+                hs[t * cols + c] += routed as f32 + shared[t * cols + c];
+            }
+        }
+        let eh = rel_err(&g.read_f32(&hb, 0, rows * cols).unwrap(), &hs);
+        let ey = rel_err(
+            &g.read_f32(&yb, 0, rows * cols).unwrap(),
+            &nh::rms_norm(&hs, cols, &w, 1e-5),
+        );
+        eprintln!("add_moe_rmsnorm {rows}x{cols} top{tk}: h {eh:.2e}, y {ey:.2e}");
+        assert!(
+            eh < 1e-6 && ey < 1e-6,
+            "add_moe_rmsnorm {rows}x{cols}: h {eh}, y {ey}"
+        );
+    }
 }
