@@ -5,33 +5,14 @@
 
 use half::f16;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::decode::StepRules;
 use crate::reference::{ops, select as ref_select};
-use crate::testgpu::gpu;
+use crate::testgpu::{gpu, poisoned, rand_vec, rel_err, rng, NAN_BITS};
 
-const NAN_BITS: u32 = 0x7fc0_0000;
 
-fn rng(test: &str) -> StdRng {
-    let seed = std::env::var("VERBATIM_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::rng().random::<u64>());
-    eprintln!("{test}: seed {seed}");
-    StdRng::seed_from_u64(seed)
-}
-
-/// Uniform in ±scale, never exactly zero.
-fn rand_vec(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let v: f32 = r.random_range(-scale..scale);
-            if v == 0.0 { scale * 0.5 } else { v }
-        })
-        .collect()
-}
 
 fn f16_bits(v: &[f32]) -> Vec<u16> {
     v.iter().map(|&x| f16::from_f32(x).to_bits()).collect()
@@ -41,21 +22,7 @@ fn f16_round(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| ops::f16_round(x)).collect()
 }
 
-/// ‖a − b‖ / ‖b‖, and no NaN anywhere in `a`.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    assert!(a.iter().all(|v| v.is_finite()), "GPU output has NaN/inf (an element left unwritten?)");
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((*x - *y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
 
-fn poisoned(n: usize) -> wgpu::Buffer {
-    let g = gpu();
-    let b = g.buffer("out", (n * 4) as u64).unwrap();
-    g.fill_u32(&b, NAN_BITS);
-    b
-}
 
 fn run_linear(r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bool, accumulate: bool) {
     let g = gpu();
