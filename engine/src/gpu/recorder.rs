@@ -29,6 +29,15 @@ pub struct Cost {
     pub flops: u64,
 }
 
+impl Cost {
+    /// y[m][n] (=|+=) x[m][k] · Wᵀ with `weight_bytes` of weights: the weights once, x
+    /// once, y written (and read too when accumulating).
+    pub fn matmul(m: u32, n: u32, k: u32, weight_bytes: u64, accumulate: bool) -> Cost {
+        let (m, n, k) = (m as u64, n as u64, k as u64);
+        Cost { bytes: weight_bytes + m * k * 4 + m * n * 4 * if accumulate { 2 } else { 1 }, flops: 2 * m * n * k }
+    }
+}
+
 /// Aggregated records of one kernel in one stage.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct KernelStat {

@@ -289,11 +289,7 @@ impl Kernels {
             conv_stride: 0,
             conv_tin: 0,
         };
-        let (m64, n64, k64) = (m as u64, w.n as u64, w.k as u64);
-        let cost = Cost {
-            bytes: w.bytes() + m64 * k64 * 4 + m64 * n64 * 4 * if ep.accumulate { 2 } else { 1 },
-            flops: 2 * m64 * n64 * k64,
-        };
+        let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
         if m <= GEMV_MAX_ROWS {
             let g = grid_1d((w.n / 2).div_ceil(GEMV_COLUMN_PAIRS));

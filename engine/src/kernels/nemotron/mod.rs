@@ -661,11 +661,7 @@ impl NemotronKernels {
             w_stride: 0,
             _p0: 0,
         };
-        let (m64, n64, k64) = (m as u64, w.n as u64, w.k as u64);
-        let cost = Cost {
-            bytes: w.bytes() + m64 * k64 * 4 + m64 * n64 * 4 * if ops.accumulate { 2 } else { 1 },
-            flops: 2 * m64 * n64 * k64,
-        };
+        let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ops.accumulate);
         rec.dispatch(
             &self.linear,
             bytemuck::bytes_of(&params),
