@@ -4,6 +4,7 @@
 //! still done), 2 for a usage error. Every failure is one sentence on stderr.
 
 mod export;
+mod lm_check;
 mod model_fetch;
 mod transcribe;
 
@@ -22,6 +23,9 @@ struct Cli {
 enum Command {
     /// Transcribe audio files and print the text.
     Transcribe(transcribe::Args),
+    /// Check the Nemotron-H GPU frame against a fixture's expected outputs
+    /// (MODEL_DIR EXPECTED.safetensors); exit 0 only within bounds.
+    LmCheck(lm_check::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +34,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse(); // usage errors: clap prints them and exits with 2
     match cli.command {
         Some(Command::Transcribe(args)) => transcribe::run(args),
+        Some(Command::LmCheck(args)) => lm_check::run(args),
         None => {
             // No window yet (it will open here, and take the desktop entry's files):
             // show what there is to do.

@@ -1,6 +1,7 @@
-//! Test support: the `nemotron-h-tiny` fixture (a tiny checkpoint with random weights and
-//! what transformers computed for it in float64) and small helpers to write broken or
-//! re-encoded copies of a checkpoint.
+//! The `nemotron-h-tiny` fixture (a tiny checkpoint with random weights and what
+//! transformers computed for it in float64): the reader of its `expected.safetensors`
+//! ([`Expected`], also used by `verbatim lm-check`) and [`max_row_rel`]; for tests, small
+//! helpers to write broken or re-encoded copies of a checkpoint.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,10 +37,17 @@ pub struct Tensor {
 pub struct Expected(pub HashMap<String, Tensor>);
 
 impl Expected {
+    /// The fixture's `expected.safetensors` (panics when absent: for tests).
     pub fn load() -> Expected {
         let path = fixture_dir().join("expected.safetensors");
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let st = SafeTensors::deserialize(&bytes).expect("expected.safetensors parses");
+        Expected::open(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Any `expected.safetensors` of this layout (F32 and I32 tensors).
+    pub fn open(path: &Path) -> crate::Result<Expected> {
+        let bytes = std::fs::read(path).map_err(|e| crate::Error::io(path, e))?;
+        let bad = |r: String| crate::Error::Invalid(format!("{}: {r}", path.display()));
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
         let mut m = HashMap::new();
         for (name, v) in st.tensors() {
             let d = v.data();
@@ -56,7 +64,13 @@ impl Expected {
                         .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                         .collect(),
                 ),
-                other => panic!("{name}: unexpected dtype {other:?}"),
+                Dtype::I64 => (
+                    Vec::new(),
+                    d.chunks_exact(8)
+                        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as i32)
+                        .collect(),
+                ),
+                other => return Err(bad(format!("{name}: unexpected dtype {other:?}"))),
             };
             m.insert(
                 name,
@@ -67,7 +81,12 @@ impl Expected {
                 },
             );
         }
-        Expected(m)
+        Ok(Expected(m))
+    }
+
+    /// The tensor `name`, if present.
+    pub fn try_get(&self, name: &str) -> Option<&Tensor> {
+        self.0.get(name)
     }
 
     pub fn get(&self, name: &str) -> &Tensor {
@@ -85,6 +104,7 @@ impl Expected {
     }
 }
 
+#[cfg(test)]
 /// One tensor to write: name, dtype string (`BF16`, `F16`, `F32`, ...), shape, raw bytes.
 pub struct RawTensor {
     pub name: String,
@@ -93,6 +113,7 @@ pub struct RawTensor {
     pub bytes: Vec<u8>,
 }
 
+#[cfg(test)]
 /// Every tensor of a safetensors file, in offset order.
 pub fn read_raw(path: &Path) -> Vec<RawTensor> {
     let bytes = std::fs::read(path).unwrap();
@@ -128,6 +149,7 @@ pub fn read_raw(path: &Path) -> Vec<RawTensor> {
     out.into_iter().map(|(_, t)| t).collect()
 }
 
+#[cfg(test)]
 /// Writes a well-formed safetensors file of `tensors` (in the given order).
 pub fn write_raw(path: &Path, tensors: &[RawTensor]) {
     let mut header = serde_json::Map::new();
@@ -153,9 +175,11 @@ pub fn write_raw(path: &Path, tensors: &[RawTensor]) {
     std::fs::write(path, out).unwrap();
 }
 
+#[cfg(test)]
 /// A fresh, empty directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
 
+#[cfg(test)]
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         use std::sync::atomic::{AtomicUsize, Ordering};
@@ -174,6 +198,7 @@ impl TempDir {
     }
 }
 
+#[cfg(test)]
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);

@@ -12,13 +12,13 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod gpu;
 
 pub use checkpoint::{
     bf16_to_f32, layer_tensors, widen_to_f32, Checkpoint, ExpertProj, WeightDtype, WeightView,
 };
 pub use config::{AttentionConfig, Config, LayerKind, MambaConfig, MoeConfig};
 
-#[cfg(test)]
-pub(crate) mod fixture;
+pub mod fixture;
 #[cfg(test)]
 mod tests;
