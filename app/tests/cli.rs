@@ -335,6 +335,24 @@ fn usage_errors_exit_2_without_transcribing() {
     }
 }
 
+/// `verbatim` alone opens the window; where there is no display it says so in one line
+/// (and where to turn instead) rather than panicking.
+#[test]
+fn window_without_a_display_is_one_line() {
+    let mut cmd = Command::new(BIN);
+    cmd.current_dir(workspace_root())
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .env("XDG_CONFIG_HOME", std::env::temp_dir().join("verbatim-no-display-config"))
+        .stdin(Stdio::null());
+    let out = cmd.output().expect("run verbatim");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(stderr.contains("verbatim: cannot open the window"), "{stderr}");
+    assert!(stderr.contains("verbatim transcribe"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 // ---------------------------------------------------------------------------------------
 // The JFK sample: three real runs
 

@@ -44,6 +44,15 @@ pub enum Error {
     #[error("GPU error: {0}")]
     Gpu(String),
 
+    /// The microphone could not be opened or stopped delivering audio (none present,
+    /// unplugged, busy, no permission).
+    #[error("microphone: {0}")]
+    Microphone(String),
+
+    /// The caller asked the work to stop (the window's Cancel button).
+    #[error("cancelled")]
+    Cancelled,
+
     /// A caller asked for something impossible (bad option, shapes that do not fit).
     #[error("{0}")]
     Invalid(String),

@@ -91,6 +91,11 @@ impl Transcriber {
         Ok(Transcriber { model_dir: model_dir.to_path_buf(), load_time: t.elapsed(), model, tokenizer, suppress })
     }
 
+    /// The model's tokenizer (to encode a prompt, e.g. the live mode's committed text).
+    pub fn tokenizer(&self) -> &WhisperTokenizer {
+        &self.tokenizer
+    }
+
     pub fn gpu(&self) -> &Arc<Gpu> {
         self.model.gpu()
     }

@@ -78,3 +78,27 @@ pub trait LogitSource {
     /// Mel bins the encoder takes (80; 128 for large-v3).
     fn n_mels(&self) -> usize;
 }
+
+/// A shared "stop" switch: the window's Cancel button sets it, the decoding loop checks it
+/// before every window and every token. Clones share the switch.
+#[derive(Clone, Debug, Default)]
+pub struct CancelFlag(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelFlag {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Two options are equal when they share the same switch.
+impl PartialEq for CancelFlag {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}

@@ -56,6 +56,22 @@ pub struct DecodeOptions {
     pub logprob_threshold: Option<f32>,
     /// Most tokens sampled per window (CTranslate2: max_length / 2 of the 448 positions).
     pub sample_len: usize,
+    /// Tokens that stand before the first window as if an earlier window had produced
+    /// them (faster-whisper's `initial_prompt`, already encoded: the live mode gives the
+    /// text it has committed so far).
+    pub initial_prompt: Vec<u32>,
+    /// Set from another thread to stop: checked before every window and every token, the
+    /// call then returns [`Error::Cancelled`].
+    pub cancel: Option<crate::decode::CancelFlag>,
+}
+
+impl DecodeOptions {
+    fn check_cancel(&self) -> Result<()> {
+        match &self.cancel {
+            Some(flag) if flag.is_set() => Err(Error::Cancelled),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Default for DecodeOptions {
@@ -68,6 +84,8 @@ impl Default for DecodeOptions {
             no_speech_threshold: Some(0.6),
             logprob_threshold: Some(-1.0),
             sample_len: 448 / 2,
+            initial_prompt: Vec::new(),
+            cancel: None,
         }
     }
 }
@@ -403,6 +421,7 @@ pub fn decode_window(
         if tokens.len() == max_len {
             break;
         }
+        opts.check_cancel()?;
         step = rules.step(&tokens);
         scores = src.advance(&[token], &step.rules)?;
     }
@@ -525,11 +544,12 @@ pub fn transcribe(
     let content_frames = mel.n_frames.saturating_sub(1);
     let mut stats = DecodeStats::default();
     let mut segments = Vec::new();
-    let mut all_tokens: Vec<u32> = Vec::new();
+    let mut all_tokens: Vec<u32> = opts.initial_prompt.clone();
     let mut prompt_reset_since = 0;
     let mut seek = 0;
 
     while seek < content_frames {
+        opts.check_cancel()?;
         let time_offset = seek as f64 * TIME_PER_FRAME;
         let segment_size = WINDOW_FRAMES.min(content_frames - seek);
         let segment_duration = segment_size as f64 * TIME_PER_FRAME;

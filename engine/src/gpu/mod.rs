@@ -82,6 +82,57 @@ fn features_wanted() -> wgpu::Features {
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
 }
 
+/// Pick the adapter: the one whose name contains `wanted` (case-insensitive) when given,
+/// else the best kind (discrete, integrated, virtual, other; CPU/software last). The window
+/// uses it as eframe's adapter selector, so both paths choose alike.
+pub fn choose_adapter(mut adapters: Vec<wgpu::Adapter>, wanted: Option<&str>) -> Result<wgpu::Adapter> {
+    if adapters.is_empty() {
+        return Err(Error::NoAdapter(
+            "no Vulkan, Metal or DirectX 12 adapter was found. Without a GPU, install Mesa's \
+             software Vulkan driver (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers libvulkan1`)"
+                .into(),
+        ));
+    }
+    match wanted.filter(|w| !w.trim().is_empty()) {
+        Some(name) => {
+            let lower = name.to_lowercase();
+            let pos = adapters
+                .iter()
+                .position(|a| a.get_info().name.to_lowercase().contains(&lower))
+                .ok_or_else(|| {
+                    let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+                    Error::NoAdapter(format!("no adapter named like \"{name}\"; available: {}", names.join(", ")))
+                })?;
+            Ok(adapters.swap_remove(pos))
+        }
+        None => {
+            let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                wgpu::DeviceType::DiscreteGpu => 0,
+                wgpu::DeviceType::IntegratedGpu => 1,
+                wgpu::DeviceType::VirtualGpu => 2,
+                wgpu::DeviceType::Other => 3,
+                wgpu::DeviceType::Cpu => 4,
+            };
+            adapters.sort_by_key(rank);
+            Ok(adapters.remove(0))
+        }
+    }
+}
+
+/// What we ask of a device: the adapter's own limits (large weight buffers) and the
+/// optional features it has among those the engine can use (f16, subgroups, timestamps).
+/// The window hands this to eframe so that the device it draws with can also run us.
+pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    wgpu::DeviceDescriptor {
+        label: Some("verbatim"),
+        required_features: adapter.features() & features_wanted(),
+        required_limits: adapter.limits(),
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }
+}
+
 impl Gpu {
     /// Open our own device: the best adapter (a real GPU before a software one), with the
     /// adapter's own limits and the optional features it has.
@@ -89,54 +140,11 @@ impl Gpu {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
         let instance = wgpu::Instance::new(desc.with_env());
-        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        if adapters.is_empty() {
-            return Err(Error::NoAdapter(
-                "no Vulkan, Metal or DirectX 12 adapter was found. Without a GPU, install Mesa's \
-                 software Vulkan driver (Debian/Ubuntu: `apt-get install mesa-vulkan-drivers libvulkan1`)"
-                    .into(),
-            ));
-        }
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let wanted = opts.adapter.clone().or_else(|| std::env::var("VERBATIM_ADAPTER").ok());
-        let adapter = match wanted {
-            Some(name) => {
-                let lower = name.to_lowercase();
-                let pos = adapters
-                    .iter()
-                    .position(|a| a.get_info().name.to_lowercase().contains(&lower))
-                    .ok_or_else(|| {
-                        let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-                        Error::NoAdapter(format!(
-                            "no adapter named like \"{name}\"; available: {}",
-                            names.join(", ")
-                        ))
-                    })?;
-                adapters.swap_remove(pos)
-            }
-            None => {
-                // Rank: discrete, integrated, virtual, other, CPU (software) last.
-                let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
-                    wgpu::DeviceType::DiscreteGpu => 0,
-                    wgpu::DeviceType::IntegratedGpu => 1,
-                    wgpu::DeviceType::VirtualGpu => 2,
-                    wgpu::DeviceType::Other => 3,
-                    wgpu::DeviceType::Cpu => 4,
-                };
-                adapters.sort_by_key(rank);
-                adapters.remove(0)
-            }
-        };
-        let features = adapter.features() & features_wanted();
-        let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("verbatim"),
-            required_features: features,
-            required_limits: limits,
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| Error::NoAdapter(format!("{} refused a device: {e}", adapter.get_info().name)))?;
+        let adapter = choose_adapter(adapters, wanted.as_deref())?;
+        let (device, queue) = pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
+            .map_err(|e| Error::NoAdapter(format!("{} refused a device: {e}", adapter.get_info().name)))?;
         Ok(Gpu::from_parts(device, queue, &adapter.get_info(), opts.profile))
     }
 
