@@ -1042,6 +1042,29 @@ mod tests {
     }
 
     #[test]
+    fn cancel_stops_between_tokens() {
+        // The flag is set from "another thread" (here: the model) after two sampled tokens;
+        // the loop must stop before asking for a fourth position.
+        let flag = crate::decode::CancelFlag::new();
+        let f2 = flag.clone();
+        let model = move |c: &Ctx| {
+            if c.sampled.len() == 2 {
+                f2.set();
+            }
+            logits_with(0.0, &[(W[0], 10.0)])
+        };
+        let mut src = mock_with_suppress(model);
+        let o = DecodeOptions { timestamps: false, sample_len: 50, cancel: Some(flag.clone()), ..opts() };
+        let err = decode_window(&mut src, &[SOT, NO_TS], &sp(), BLANK, &o).unwrap_err();
+        assert!(matches!(err, Error::Cancelled), "{err}");
+        assert!(src.calls.len() <= 4, "stopped at once: {} calls", src.calls.len());
+        // Without the flag set the same model runs to sample_len.
+        let mut src = mock_with_suppress(|_: &Ctx| logits_with(0.0, &[(W[0], 10.0)]));
+        let o = DecodeOptions { timestamps: false, sample_len: 5, cancel: Some(crate::decode::CancelFlag::new()), ..opts() };
+        assert_eq!(decode_window(&mut src, &[SOT, NO_TS], &sp(), BLANK, &o).unwrap().tokens.len(), 5);
+    }
+
+    #[test]
     fn decode_without_timestamps_is_plain_argmax_and_no_speech_at_sot() {
         // The no-speech logit is high at the sot position only; a timestamp is the argmax
         // later, and nothing stops it without the timestamp rules.

@@ -303,6 +303,17 @@ impl GpuWhisper {
         self.gpu.read_f32(&self.enc_xn, 0, self.dims.audio_ctx * self.dims.d_model)
     }
 
+    /// The buffer holding the encoder's output (`[audio_ctx][d]` f32 from offset 0), for
+    /// consumers on the same device (the speech-LM projector reads it in place).
+    pub fn encoder_buffer(&self) -> &wgpu::Buffer {
+        &self.enc_xn
+    }
+
+    /// Frames and width of the encoder output.
+    pub fn encoder_shape(&self) -> (usize, usize) {
+        (self.dims.audio_ctx, self.dims.d_model)
+    }
+
     /// The logits of the last position of the last `advance`.
     pub fn last_logits(&self) -> Result<Vec<f32>> {
         self.gpu.read_f32(&self.logits, 0, self.dims.vocab)
