@@ -8,6 +8,7 @@
 mod export;
 mod gui;
 mod lm_check;
+mod mic;
 mod model_fetch;
 mod transcribe;
 

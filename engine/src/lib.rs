@@ -6,8 +6,10 @@ pub mod decode;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
+pub mod live;
 pub mod models;
 pub mod pipeline;
+pub mod quant;
 pub mod reference;
 
 pub use error::{Error, Result};

@@ -89,6 +89,7 @@ enum DialogResult {
     Open(Vec<PathBuf>),
     Export { id: u64, format: ExportFormat, path: PathBuf },
     ModelDir(PathBuf),
+    LiveFile(PathBuf),
     Failed(String),
 }
 
@@ -200,8 +201,22 @@ impl VerbatimApp {
         !self.entries.is_empty() && self.entries.iter().all(Entry::finished)
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn model_state(&self) -> &ModelState {
         &self.model
+    }
+
+    /// Start a live session from a WAV file at real-time pace (the live panel's file input).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn start_live_file(&mut self, path: PathBuf) {
+        self.tab = Tab::Live;
+        self.live.set_input_file(path);
+        self.live.start(&self.worker);
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn live(&self) -> &LivePanel {
+        &self.live
     }
 
     /// Stop a queued or running file (the Cancel button).
@@ -211,6 +226,7 @@ impl VerbatimApp {
         }
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn select(&mut self, id: u64) {
         self.selected = Some(id);
     }
@@ -287,6 +303,7 @@ impl VerbatimApp {
                     self.save_settings();
                     self.load_model();
                 }
+                DialogResult::LiveFile(path) => self.live.set_input_file(path),
                 DialogResult::Failed(msg) => self.notes.push(msg),
             }
         }
@@ -682,6 +699,15 @@ impl eframe::App for VerbatimApp {
             }
             Tab::Live => {
                 let mic = self.live.ui_panel(ui, &self.worker, &self.model);
+                if std::mem::take(&mut self.live.wants_file) {
+                    spawn_dialog(self.dialog_tx.clone(), || {
+                        rfd::FileDialog::new()
+                            .set_title("Play a WAV file into the live transcriber")
+                            .add_filter("WAV audio", &["wav", "wave", "WAV"])
+                            .pick_file()
+                            .map(DialogResult::LiveFile)
+                    });
+                }
                 if mic != self.settings.microphone {
                     self.settings.microphone = mic;
                     self.save_settings();

@@ -37,13 +37,20 @@ pub enum Input {
 
 pub struct LivePanel {
     input: Input,
-    devices: Option<Result<Vec<String>, String>>,
+    devices: Option<Result<Vec<crate::mic::InputDevice>, String>>,
     stop: Option<CancelFlag>,
     last: Option<Box<LiveUpdate>>,
     /// Text of earlier sessions in this window (kept when a new one starts).
     history: Vec<String>,
     error: Option<String>,
     latencies: Vec<f64>,
+    /// The microphone's own level, read on the UI thread (keeps the meter moving while a
+    /// slow decode holds the session's updates back).
+    mic_level: Option<crate::mic::LevelHandle>,
+    /// The user asked for a file as input: the app opens the dialog (off the UI thread).
+    pub wants_file: bool,
+    /// Set if an update ever changed text that was already committed (it must not).
+    pub rewrote_committed: bool,
 }
 
 impl LivePanel {
@@ -56,6 +63,9 @@ impl LivePanel {
             history: Vec::new(),
             error: None,
             latencies: Vec::new(),
+            rewrote_committed: false,
+            mic_level: None,
+            wants_file: false,
         }
     }
 
@@ -71,12 +81,19 @@ impl LivePanel {
     }
 
     /// The text committed so far in the current (or last) session.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn committed(&self) -> &str {
         self.last.as_ref().map(|u| u.committed.as_str()).unwrap_or("")
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn error(&self) -> Option<&str> {
         self.error.as_deref()
+    }
+
+    /// Use a WAV file at real-time pace as the input (the menu's "WAV file..." entry).
+    pub fn set_input_file(&mut self, path: PathBuf) {
+        self.input = Input::File(path);
     }
 
     pub fn on_event(&mut self, ev: LiveEvent) {
@@ -99,6 +116,11 @@ impl LivePanel {
     }
 
     fn take_update(&mut self, u: Box<LiveUpdate>) {
+        if let Some(prev) = &self.last {
+            if !u.committed.starts_with(prev.committed.as_str()) {
+                self.rewrote_committed = true;
+            }
+        }
         if let Some(l) = u.latency {
             self.latencies.push(l.as_secs_f64());
         }
@@ -107,9 +129,13 @@ impl LivePanel {
 
     /// Start a session on the worker with the chosen input.
     pub fn start(&mut self, worker: &Worker) {
+        self.mic_level = None;
         let source: Result<Box<dyn AudioSource>, String> = match &self.input {
-            Input::Microphone(name) => mic_pending::MicSource::open(name.as_deref())
-                .map(|m| Box::new(m) as Box<dyn AudioSource>)
+            Input::Microphone(name) => crate::mic::MicSource::open(name.as_deref())
+                .map(|m| {
+                    self.mic_level = Some(m.level());
+                    Box::new(m) as Box<dyn AudioSource>
+                })
                 .map_err(|e| e.to_string()),
             Input::File(path) => FileSource::open(path).map(|f| Box::new(f) as Box<dyn AudioSource>).map_err(|e| e.to_string()),
         };
@@ -151,7 +177,10 @@ impl LivePanel {
                 ui.label("Input:");
                 let label = match &self.input {
                     Input::Microphone(None) => "default microphone".to_string(),
-                    Input::Microphone(Some(n)) => n.clone(),
+                    Input::Microphone(Some(id)) => match &self.devices {
+                        Some(Ok(list)) => list.iter().find(|d| &d.id == id).map(|d| d.name.clone()).unwrap_or_else(|| id.clone()),
+                        _ => id.clone(),
+                    },
                     Input::File(p) => format!("file: {}", p.display()),
                 };
                 let running = self.running();
@@ -160,12 +189,16 @@ impl LivePanel {
                         if ui.selectable_label(self.input == Input::Microphone(None), "default microphone").clicked() {
                             self.input = Input::Microphone(None);
                         }
-                        match self.devices.get_or_insert_with(mic_pending::input_devices) {
-                            Ok(names) => {
-                                for n in names.clone() {
-                                    let sel = self.input == Input::Microphone(Some(n.clone()));
-                                    if ui.selectable_label(sel, &n).clicked() {
-                                        self.input = Input::Microphone(Some(n));
+                        match self.devices.get_or_insert_with(|| crate::mic::input_devices().map_err(|e| e.to_string())) {
+                            Ok(devices) if devices.is_empty() => {
+                                ui.label("no microphone found");
+                            }
+                            Ok(devices) => {
+                                for d in devices.clone() {
+                                    let sel = self.input == Input::Microphone(Some(d.id.clone()));
+                                    let label = if d.is_default { format!("{} (default)", d.name) } else { d.name.clone() };
+                                    if ui.selectable_label(sel, label).on_hover_text(&d.id).clicked() {
+                                        self.input = Input::Microphone(Some(d.id));
                                     }
                                 }
                             }
@@ -179,9 +212,7 @@ impl LivePanel {
                         self.devices = None;
                     }
                     if ui.button("WAV file at real-time pace…").clicked() {
-                        if let Some(p) = rfd::FileDialog::new().add_filter("WAV audio", &["wav", "wave"]).pick_file() {
-                            self.input = Input::File(p);
-                        }
+                        self.wants_file = true;
                     }
                 });
             });
@@ -198,7 +229,8 @@ impl LivePanel {
                 if !ready {
                     ui.label("(waiting for the model)");
                 }
-                level_meter(ui, self.last.as_deref());
+                let live_level = self.mic_level.as_ref().filter(|_| self.stop.is_some()).map(|h| h.get());
+                level_meter(ui, self.last.as_deref(), live_level);
             });
             if let Some(e) = &self.error {
                 ui.label(RichText::new(e).color(ui.visuals().error_fg_color));
@@ -258,8 +290,11 @@ fn latency_text(l: &[f64]) -> String {
 }
 
 /// A horizontal meter: RMS as the bar, peak as a tick, -60..0 dBFS.
-fn level_meter(ui: &mut Ui, u: Option<&LiveUpdate>) {
-    let (rms, peak, voiced) = u.map(|u| (u.level.rms_dbfs, u.level.peak_dbfs, u.voiced)).unwrap_or((f32::NEG_INFINITY, f32::NEG_INFINITY, false));
+fn level_meter(ui: &mut Ui, u: Option<&LiveUpdate>, mic: Option<engine::live::Level>) {
+    let (mut rms, mut peak, voiced) = u.map(|u| (u.level.rms_dbfs, u.level.peak_dbfs, u.voiced)).unwrap_or((f32::NEG_INFINITY, f32::NEG_INFINITY, false));
+    if let Some(l) = mic {
+        (rms, peak) = (l.rms_dbfs, l.peak_dbfs);
+    }
     let frac = |db: f32| if db.is_finite() { ((db + 60.0) / 60.0).clamp(0.0, 1.0) } else { 0.0 };
     let (rect, resp) = ui.allocate_exact_size(egui::vec2(220.0, 14.0), egui::Sense::hover());
     let p = ui.painter_at(rect);
@@ -271,17 +306,4 @@ fn level_meter(ui: &mut Ui, u: Option<&LiveUpdate>) {
     p.line_segment([egui::pos2(x, rect.top()), egui::pos2(x, rect.bottom())], egui::Stroke::new(2.0, Color32::from_rgb(0xe1, 0x57, 0x59)));
     resp.on_hover_text(format!("RMS {rms:.0} dBFS, peak {peak:.0} dBFS{}", if voiced { ", speech" } else { "" }));
     ui.label(if voiced { "speech" } else { "quiet" });
-}
-
-// TEMP until app/src/mic.rs lands.
-mod mic_pending {
-    pub struct MicSource;
-    impl engine::live::AudioSource for MicSource {
-        fn sample_rate(&self) -> u32 { 16000 }
-        fn poll(&mut self, _out: &mut Vec<f32>) -> engine::Result<engine::live::SourceState> { Ok(engine::live::SourceState::Ended) }
-    }
-    impl MicSource {
-        pub fn open(_n: Option<&str>) -> Result<MicSource, String> { Err("microphone support is not wired yet".into()) }
-    }
-    pub fn input_devices() -> Result<Vec<String>, String> { Ok(vec![]) }
 }

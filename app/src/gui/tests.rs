@@ -208,3 +208,35 @@ fn missing_model_is_a_message() {
     let EntryState::Failed(msg) = &h.state().entries[0].state else { panic!("{:?}", h.state().entries[0].state) };
     assert!(msg.contains("/nonexistent/verbatim-model"), "{msg}");
 }
+
+fn normalised(text: &str) -> String {
+    text.to_lowercase()
+        .chars()
+        .map(|c| if c.is_alphanumeric() || c == '\'' { c } else { ' ' })
+        .collect::<String>()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The live panel fed by the sample at real-time pace (the microphone's code path from the
+/// source on): the committed text grows only, and in the end is the file's transcript.
+#[test]
+fn live_panel_from_a_file_commits_the_transcript() {
+    let mut h = harness();
+    step_until(&mut h, "the model", Duration::from_secs(120), |a| {
+        matches!(a.model_state(), super::worker::ModelState::Ready { .. } | super::worker::ModelState::Failed(_))
+    });
+    let t = Instant::now();
+    h.state_mut().start_live_file(workspace_root().join("assets/jfk.wav"));
+    step_until(&mut h, "the live session", Duration::from_secs(900), |a| !a.live().running());
+    println!("live session: {:.1} s for 11 s of audio", t.elapsed().as_secs_f64());
+    let live = h.state().live();
+    assert!(live.error().is_none(), "{:?}", live.error());
+    assert!(!live.rewrote_committed, "committed text changed");
+    assert_eq!(
+        normalised(live.committed()),
+        normalised("And so my fellow Americans ask not what your country can do for you ask what you can do for your country")
+    );
+    h.get_by_label_contains("ask what you can do for your country");
+}
