@@ -1,5 +1,7 @@
 //! The kernels of the Nemotron-H frame (Mamba-2 mixers, GQA attention, relu² MoE) for a
-//! pass of up to [`PASS_MAX`] positions, f32 activations and (for now) f32 weights.
+//! pass of up to [`PASS_MAX`] positions, f32 activations, f32 weights, and the routed
+//! experts optionally in quantized banks (`q4tp`, `q8_2f`: `moe_quant.wgsl`, held to
+//! dequantize-then-f32-GEMM by `moe_quant_tests.rs`).
 //! Each launcher is held to its CPU reference in `crate::reference::nemotron_h` by
 //! `tests.rs` (random inputs of awkward sizes, outputs poisoned with NaN first), and a
 //! test-only sketch there wires them into the whole fixture model (prefill in passes of
@@ -12,6 +14,7 @@
 //! | `mamba.wgsl` | [`mamba_conv`](NemotronKernels::mamba_conv), [`mamba_scan`](NemotronKernels::mamba_scan), [`gated_norm`](NemotronKernels::gated_norm) |
 //! | `linear.wgsl` | [`linear`](NemotronKernels::linear), [`expert_linear`](NemotronKernels::expert_linear) |
 //! | `moe.wgsl` | [`route`](NemotronKernels::route), [`expert_lists`](NemotronKernels::expert_lists), [`moe_combine`](NemotronKernels::moe_combine), [`relu2`](NemotronKernels::relu2) |
+//! | `moe_quant.wgsl` | [`expert_linear_quant`](NemotronKernels::expert_linear_quant) over a [`QuantBank`] (q4tp / q8_2f, residency map) |
 //! | `gqa.wgsl` | [`gqa`](NemotronKernels::gqa), [`gqa_split`](NemotronKernels::gqa_split) |
 //! | `embed.wgsl`, `argmax.wgsl` | [`embed`](NemotronKernels::embed), [`argmax`](NemotronKernels::argmax) |
 //!
@@ -21,13 +24,18 @@
 //! - snapshots: slot b holds the state after position b of the pass (rollback(j) copies
 //!   slot j back; attention rolls back by its KV length alone);
 //! - KV cache `[position][kv_head][head_dim]` (the K/V projections write straight into it);
-//! - f32 weights row-major `[out][in]` (as PyTorch's Linear); expert banks `[E][out][in]`.
+//! - f32 weights row-major `[out][in]` (as PyTorch's Linear); expert banks `[E][out][in]`;
+//!   quantized expert banks: the resident experts' matrices back to back in the layouts of
+//!   `crate::quant`, with a map expert → slot or [`MISS`] (the residency map).
 //!
 //! No kernel assumes a subgroup size: reductions go through workgroup memory. Every loop
 //! runs at most a few thousand times per invocation (lavapipe stops loops at 65535).
 
+mod moe_quant;
 #[cfg(test)]
 mod tests;
+
+pub use moe_quant::{host_expert, QuantBank, MISS};
 
 use std::sync::Arc;
 
@@ -329,6 +337,8 @@ pub struct NemotronKernels {
     gqa_merge: Arc<Kernel>,
     argmax: Arc<Kernel>,
     embed: Arc<Kernel>,
+    q4tp: Arc<Kernel>,
+    q8_2f: Arc<Kernel>,
     /// Bound for an absent read-only input.
     dummy: Buffer,
     /// Bound for an absent output (a separate buffer: one dispatch cannot use a buffer both
@@ -341,6 +351,7 @@ impl NemotronKernels {
         use Access::{Read as R, ReadWrite as W};
         let mamba = include_str!("mamba.wgsl");
         let moe = include_str!("moe.wgsl");
+        let quant = include_str!("moe_quant.wgsl");
         Ok(NemotronKernels {
             rmsnorm: gpu.kernel(
                 "nh_add_rmsnorm",
@@ -374,6 +385,8 @@ impl NemotronKernels {
             )?,
             argmax: gpu.kernel("nh_argmax", include_str!("argmax.wgsl"), &[R, W])?,
             embed: gpu.kernel("nh_embed", include_str!("embed.wgsl"), &[R, R, W])?,
+            q4tp: gpu.kernel_entry("nh_expert_q4tp", quant, "q4tp", &[R, R, R, R, R, W])?,
+            q8_2f: gpu.kernel_entry("nh_expert_q8_2f", quant, "q8_2f", &[R, R, R, R, R, W])?,
             dummy: gpu.buffer("nemotron dummy", 16)?,
             dummy_w: gpu.buffer("nemotron dummy out", 16)?,
         })

@@ -9,6 +9,13 @@
 //! and SSM state after each position, so [`NemotronContext::rollback`] can go back to the
 //! state after any of them by copying one slot per layer and cutting the KV length.
 //!
+//! Routed experts: f32 (exact), or quantized banks (`q4tp` / `q8_2f`, see
+//! [`crate::quant`]) with a residency map ([`ExpertOptions`]): only the resident experts'
+//! matrices are on the GPU; a MoE layer with experts kept on the host ends the pass's
+//! submission after its expert GEMMs, reads back the router's choices and the layer input,
+//! computes the entries that chose a missing expert on the host with the same quantized
+//! weights, writes them into the expert outputs and carries on in a new submission.
+//!
 //! Bind groups: each kind of pass (token or embedding input × attention kernel × snapshots)
 //! records the same dispatch sequence over the same buffers every time, so a
 //! [`DispatchCache`] per kind builds its bind groups on the first pass only; later passes
@@ -21,9 +28,10 @@ use wgpu::Buffer;
 use super::{Checkpoint, Config};
 use crate::gpu::{DispatchCache, Gpu, Recorder};
 use crate::kernels::nemotron::{
-    scan_params, ExpertLists, F32Weights, GqaShape, LinearOps, MambaShape, NemotronKernels,
-    RowsF32, PASS_MAX,
+    host_expert, scan_params, ExpertLists, F32Weights, GqaShape, LinearOps, MambaShape,
+    NemotronKernels, QuantBank, RowsF32, PASS_MAX,
 };
+use crate::quant::{QuantFormat, QuantMatrix};
 use crate::reference::nemotron_h::{Linear, Mixer, Model};
 use crate::{Error, Result};
 
@@ -65,8 +73,7 @@ enum LayerWeights {
     Moe {
         gate: F32Weights,
         bias: Buffer,
-        up: F32Weights,
-        down: F32Weights,
+        experts: Experts,
         sup: Lin,
         sdown: Lin,
     },
@@ -74,6 +81,39 @@ enum LayerWeights {
         up: Lin,
         down: Lin,
     },
+}
+
+/// A MoE layer's routed experts.
+enum Experts {
+    F32 {
+        up: F32Weights,
+        down: F32Weights,
+    },
+    Quant {
+        up: QuantBank,
+        down: QuantBank,
+        /// `[experts]`: the (up, down) matrices of the experts kept on the host.
+        host: Vec<Option<(QuantMatrix, QuantMatrix)>>,
+    },
+}
+
+impl Experts {
+    /// Whether some experts of the layer run on the host (the pass splits there).
+    fn has_host(&self) -> bool {
+        matches!(self, Experts::Quant { host, .. } if host.iter().any(Option::is_some))
+    }
+}
+
+/// How [`NemotronGpu`] holds the routed experts.
+#[derive(Clone, Debug, Default)]
+pub struct ExpertOptions {
+    /// `None`: f32, as the checkpoint (widened). `Some(format)`: quantized banks.
+    pub format: Option<QuantFormat>,
+    /// Which routed experts live on the GPU: `resident[layer][expert]` for every layer of
+    /// the model (entries of layers that are not MoE are ignored; an empty entry means all
+    /// resident). Empty: all resident. The others run on the host with the same quantized
+    /// weights; a residency map needs a quantized format.
+    pub resident: Vec<Vec<bool>>,
 }
 
 /// The weights of a Nemotron-H checkpoint on the GPU, with the kernels that run it.
@@ -99,6 +139,17 @@ impl NemotronGpu {
 
     /// Uploads the weights of a CPU reference model (same layouts).
     pub fn from_model(gpu: Arc<Gpu>, m: &Model) -> Result<NemotronGpu> {
+        Self::from_model_with(gpu, m, &ExpertOptions::default())
+    }
+
+    /// [`load`](Self::load) with the routed experts held as `opts` says.
+    pub fn load_with(gpu: Arc<Gpu>, ck: &Checkpoint, opts: &ExpertOptions) -> Result<NemotronGpu> {
+        let m = Model::from_checkpoint(ck)?;
+        Self::from_model_with(gpu, &m, opts)
+    }
+
+    /// [`from_model`](Self::from_model) with the routed experts held as `opts` says.
+    pub fn from_model_with(gpu: Arc<Gpu>, m: &Model, opts: &ExpertOptions) -> Result<NemotronGpu> {
         let g: &Gpu = &gpu;
         let c = &m.config;
         let hid = c.hidden_size;
@@ -109,8 +160,15 @@ impl NemotronGpu {
             ));
         }
         let shape = MambaShape::from_config(&c.mamba)?;
+        if !opts.resident.is_empty() && opts.resident.len() != m.layers.len() {
+            return Err(Error::Invalid(format!(
+                "a residency map of {} layers for a model of {}",
+                opts.resident.len(),
+                m.layers.len()
+            )));
+        }
         let mut layers = Vec::with_capacity(m.layers.len());
-        for l in &m.layers {
+        for (li, l) in m.layers.iter().enumerate() {
             layers.push(match &l.mixer {
                 Mixer::Mamba(w) => LayerWeights::Mamba {
                     in_proj: lin(g, "in_proj", &w.in_proj)?,
@@ -132,16 +190,18 @@ impl NemotronGpu {
                 },
                 Mixer::Moe(w) => {
                     let ne = e.n_routed_experts;
-                    let up: Vec<f32> = w
-                        .experts
-                        .iter()
-                        .flat_map(|x| x.up.w.iter().copied())
-                        .collect();
-                    let down: Vec<f32> = w
-                        .experts
-                        .iter()
-                        .flat_map(|x| x.down.w.iter().copied())
-                        .collect();
+                    let resident = match opts.resident.get(li) {
+                        Some(r) if !r.is_empty() => {
+                            if r.len() != ne {
+                                return Err(Error::Invalid(format!(
+                                    "layer {li}: a residency map of {} experts for {ne}",
+                                    r.len()
+                                )));
+                            }
+                            r.clone()
+                        }
+                        _ => vec![true; ne],
+                    };
                     if w.experts
                         .iter()
                         .any(|x| x.up.b.is_some() || x.down.b.is_some())
@@ -153,21 +213,14 @@ impl NemotronGpu {
                     LayerWeights::Moe {
                         gate: F32Weights::upload(g, "router", &w.gate, ne, hid)?,
                         bias: g.upload_f32("router bias", &w.bias)?,
-                        up: F32Weights::upload_bank(
+                        experts: upload_experts(
                             g,
-                            "experts up",
-                            &up,
-                            ne,
-                            e.intermediate_size,
-                            hid,
-                        )?,
-                        down: F32Weights::upload_bank(
-                            g,
-                            "experts down",
-                            &down,
+                            w,
                             ne,
                             hid,
                             e.intermediate_size,
+                            opts.format,
+                            &resident,
                         )?,
                         sup: lin(g, "shared up", &w.shared.up)?,
                         sdown: lin(g, "shared down", &w.shared.down)?,
@@ -220,6 +273,60 @@ impl NemotronGpu {
     pub fn context(&self, max_len: u32) -> Result<NemotronContext<'_>> {
         NemotronContext::new(self, max_len)
     }
+}
+
+/// The routed experts of one MoE layer, as `format` and `resident` say.
+fn upload_experts(
+    g: &Gpu,
+    w: &crate::reference::nemotron_h::MoeWeights,
+    ne: usize,
+    hid: usize,
+    inter: usize,
+    format: Option<QuantFormat>,
+    resident: &[bool],
+) -> Result<Experts> {
+    let Some(format) = format else {
+        if resident.iter().any(|&r| !r) {
+            return Err(Error::Unsupported(
+                "a residency map needs quantized experts (q4tp or q8_2f)".into(),
+            ));
+        }
+        let up: Vec<f32> = w
+            .experts
+            .iter()
+            .flat_map(|x| x.up.w.iter().copied())
+            .collect();
+        let down: Vec<f32> = w
+            .experts
+            .iter()
+            .flat_map(|x| x.down.w.iter().copied())
+            .collect();
+        return Ok(Experts::F32 {
+            up: F32Weights::upload_bank(g, "experts up", &up, ne, inter, hid)?,
+            down: F32Weights::upload_bank(g, "experts down", &down, ne, hid, inter)?,
+        });
+    };
+    let mut ups = Vec::with_capacity(ne);
+    let mut downs = Vec::with_capacity(ne);
+    for x in &w.experts {
+        ups.push(QuantMatrix::quantize(format, &x.up.w, inter, hid)?);
+        downs.push(QuantMatrix::quantize(format, &x.down.w, hid, inter)?);
+    }
+    let up = QuantBank::upload(g, "experts up", &ups.iter().collect::<Vec<_>>(), resident)?;
+    let down = QuantBank::upload(
+        g,
+        "experts down",
+        &downs.iter().collect::<Vec<_>>(),
+        resident,
+    )?;
+    // Only the host's experts stay in host memory.
+    let host = ups
+        .into_iter()
+        .zip(downs)
+        .zip(resident)
+        .map(|(pair, &res)| (!res).then_some(pair))
+        .collect();
+    Ok(Experts::Quant { up, down, host })
 }
 
 enum LayerState {
@@ -305,8 +412,9 @@ pub struct NemotronContext<'m> {
     pos: u32,
     states: Vec<LayerState>,
     s: Scratch,
-    /// One per kind of pass: embeds × split attention × snapshots.
-    caches: Vec<DispatchCache>,
+    /// One list per kind of pass (embeds × split attention × snapshots), one cache per
+    /// submission of the pass (more than one when experts run on the host).
+    caches: Vec<Vec<DispatchCache>>,
     /// The last verify pass: its first position and how many of its slots are still
     /// restorable (a later pass overwrites KV rows from its own first position on).
     verify: Option<(u32, u32)>,
@@ -386,13 +494,20 @@ impl<'m> NemotronContext<'m> {
             trace: f("trace", (m.layers.len() + 1) * p * hid)?,
         };
         g.wait()?;
+        let segments = 1 + m
+            .layers
+            .iter()
+            .filter(|l| matches!(l, LayerWeights::Moe { experts, .. } if experts.has_host()))
+            .count();
         Ok(NemotronContext {
             m,
             max_len,
             pos: 0,
             states,
             s: sc,
-            caches: (0..8).map(|_| DispatchCache::default()).collect(),
+            caches: (0..8)
+                .map(|_| (0..segments).map(|_| DispatchCache::default()).collect())
+                .collect(),
             verify: None,
         })
     }
@@ -584,9 +699,13 @@ impl<'m> NemotronContext<'m> {
             PassInput::Tokens(t) => g.write(&sc.ids, 0, bytemuck::cast_slice(t)),
             PassInput::Embeds(rows) => g.write(&sc.h, 0, bytemuck::cast_slice(rows)),
         }
-        let mut rec = g.recorder_cached(&mut self.caches[key]);
-        let r = &mut rec;
-        r.stage("nemotron");
+        // One cache per submission of this kind of pass (see `caches`).
+        let mut segs = self.caches[key].iter_mut();
+        let no_cache =
+            || Error::Invalid("a pass with more submissions than its context planned".into());
+        let mut rec = g.recorder_cached(segs.next().ok_or_else(no_cache)?);
+        rec.stage("nemotron");
+        let mut r = &mut rec;
         if !embeds {
             k.embed(r, n, &sc.ids, 0, &m.emb, c.vocab_size as u32, hid, &sc.h)?;
         }
@@ -693,8 +812,7 @@ impl<'m> NemotronContext<'m> {
                     LayerWeights::Moe {
                         gate,
                         bias,
-                        up,
-                        down,
+                        experts,
                         sup,
                         sdown,
                     },
@@ -710,29 +828,33 @@ impl<'m> NemotronContext<'m> {
                         cap: PASS_MAX,
                         top_k: tk,
                     };
-                    k.expert_linear(
-                        r,
-                        &lists,
-                        n,
-                        x,
-                        tk,
-                        up,
-                        RowsF32::new(&sc.hmid, inter),
-                        relu2,
-                    )?;
-                    k.expert_linear(
-                        r,
-                        &lists,
-                        n,
-                        RowsF32::new(&sc.hmid, inter),
-                        1,
-                        down,
-                        RowsF32::new(&sc.eo, hid),
-                        plain,
-                    )?;
+                    let hmid = RowsF32::new(&sc.hmid, inter);
+                    let eo = RowsF32::new(&sc.eo, hid);
+                    match experts {
+                        Experts::F32 { up, down } => {
+                            k.expert_linear(r, &lists, n, x, tk, up, hmid, relu2)?;
+                            k.expert_linear(r, &lists, n, hmid, 1, down, eo, plain)?;
+                        }
+                        Experts::Quant { up, down, .. } => {
+                            k.expert_linear_quant(r, &lists, n, x, tk, up, hmid, relu2)?;
+                            k.expert_linear_quant(r, &lists, n, hmid, 1, down, eo, plain)?;
+                        }
+                    }
                     let si = e.shared_intermediate_size as u32;
                     apply(r, x, sup, RowsF32::new(&sc.mid, si), relu2)?;
                     apply(r, RowsF32::new(&sc.mid, si), sdown, out, plain)?;
+                    if let Experts::Quant { host, .. } = experts {
+                        if host.iter().any(Option::is_some) {
+                            // The experts kept on the host: finish this submission, compute
+                            // their entries from the layer input, write them into the expert
+                            // outputs, and go on in the next submission.
+                            rec.submit(None)?;
+                            host_rows(g, sc, host, n as usize, tk as usize, hidu)?;
+                            rec = g.recorder_cached(segs.next().ok_or_else(no_cache)?);
+                            rec.stage("nemotron");
+                            r = &mut rec;
+                        }
+                    }
                 }
                 (LayerWeights::Mlp { up, down }, _) => {
                     let mi = c.mlp_intermediate_size as u32;
@@ -785,6 +907,44 @@ impl<'m> NemotronContext<'m> {
         };
         Ok((logits, top, trace))
     }
+}
+
+/// The entries of a pass that chose an expert kept on the host: read back the router's
+/// choices and the MoE layer's input, run each such expert once over its entries (the same
+/// quantized weights, dequantized), write the rows into the expert outputs.
+fn host_rows(
+    g: &Gpu,
+    sc: &Scratch,
+    host: &[Option<(QuantMatrix, QuantMatrix)>],
+    n: usize,
+    k: usize,
+    hid: usize,
+) -> Result<()> {
+    let sel = g.read_u32(&sc.sel, 0, n * k)?;
+    let x = g.read_f32(&sc.x, 0, n * hid)?;
+    let mut by_expert: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (j, &e) in sel.iter().enumerate() {
+        if host.get(e as usize).is_some_and(Option::is_some) {
+            by_expert.entry(e as usize).or_default().push(j);
+        }
+    }
+    for (e, entries) in by_expert {
+        let Some((up, down)) = &host[e] else { continue };
+        let mut xb = Vec::with_capacity(entries.len() * hid);
+        for &j in &entries {
+            let t = j / k;
+            xb.extend_from_slice(&x[t * hid..(t + 1) * hid]);
+        }
+        let y = host_expert(up, down, &xb, entries.len())?;
+        for (i, &j) in entries.iter().enumerate() {
+            g.write(
+                &sc.eo,
+                (j * hid * 4) as u64,
+                bytemuck::cast_slice(&y[i * hid..(i + 1) * hid]),
+            );
+        }
+    }
+    Ok(())
 }
 
 fn check_n(n: u32) -> Result<()> {
@@ -857,3 +1017,7 @@ pub fn argmax(v: &[f32]) -> u32 {
 #[cfg(test)]
 #[path = "gpu_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "quant_tests.rs"]
+mod quant_tests;
