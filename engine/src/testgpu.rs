@@ -10,6 +10,16 @@ use rand::{Rng, SeedableRng};
 
 use crate::gpu::{Gpu, GpuOptions};
 
+/// A second shared device without profiling, as an `Arc` for the models that hold one
+/// (their submits then run as one pass each, not a timed pass per dispatch).
+pub fn gpu_arc() -> std::sync::Arc<Gpu> {
+    static GPU: OnceLock<std::sync::Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        std::sync::Arc::new(Gpu::new(&GpuOptions::default()).unwrap_or_else(|e| panic!("tests need a GPU adapter (lavapipe is enough): {e}")))
+    })
+    .clone()
+}
+
 pub fn gpu() -> &'static Gpu {
     static GPU: OnceLock<Gpu> = OnceLock::new();
     GPU.get_or_init(|| match Gpu::new(&GpuOptions { profile: true, ..Default::default() }) {

@@ -1,43 +1,11 @@
 //! The real model on real speech, end to end through our kernels (lavapipe in CI).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
 
-use engine::gpu::{Gpu, GpuOptions};
-use engine::models::whisper::default_model_dir;
-use engine::pipeline::{Options, Transcriber};
+use engine::pipeline::Options;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// One loaded model for every test in this file (loading compiles the kernels and uploads
-/// 76 MB; on lavapipe that is worth doing once).
-fn transcriber() -> &'static Mutex<Transcriber> {
-    static T: OnceLock<Mutex<Transcriber>> = OnceLock::new();
-    T.get_or_init(|| {
-        let dir = default_model_dir();
-        assert!(
-            dir.join("model.bin").is_file(),
-            "the default model is missing at {} — run packaging/fetch-model.sh",
-            dir.display()
-        );
-        let profile = std::env::var_os("VERBATIM_PROFILE").is_some();
-        let gpu = Arc::new(Gpu::new(&GpuOptions { profile, ..Default::default() }).expect("a GPU adapter (lavapipe is enough)"));
-        eprintln!("GPU: {} ({})", gpu.info.name, gpu.info.backend);
-        Mutex::new(Transcriber::load(gpu, &dir).expect("load the default model"))
-    })
-}
-
-pub fn normalise(s: &str) -> String {
-    s.to_lowercase()
-        .chars()
-        .map(|c| if c.is_alphanumeric() || c.is_whitespace() || c == '\'' { c } else { ' ' })
-        .collect::<String>()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
+mod common;
+use common::{normalise, repo, transcriber};
 
 /// `../shared/samples` beside the repository (CI puts a copy of shared/ there).
 fn samples() -> PathBuf {

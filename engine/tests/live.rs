@@ -1,48 +1,16 @@
 //! Live mode on the real model (lavapipe in CI), through the path the microphone takes:
 //! a file-backed source at real-time pace -> run_live -> LocalAgreement.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use engine::audio::decode_wav_file;
 use engine::decode::CancelFlag;
-use engine::gpu::{Gpu, GpuOptions};
 use engine::live::gate::{GateOptions, VoiceGate, FRAME};
 use engine::live::{run_live, FileSource, LiveOptions, LiveUpdate};
-use engine::models::whisper::default_model_dir;
-use engine::pipeline::{Options, Transcriber};
+use engine::pipeline::Options;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// One loaded model for both tests (loading on lavapipe is worth doing once).
-fn transcriber() -> &'static Mutex<Transcriber> {
-    static T: OnceLock<Mutex<Transcriber>> = OnceLock::new();
-    T.get_or_init(|| {
-        let dir = default_model_dir();
-        assert!(
-            dir.join("model.bin").is_file(),
-            "the default model is missing at {} — run packaging/fetch-model.sh",
-            dir.display()
-        );
-        let gpu = Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)"));
-        eprintln!("GPU: {} ({})", gpu.info.name, gpu.info.backend);
-        Mutex::new(Transcriber::load(gpu, &dir).expect("load the default model"))
-    })
-}
-
-/// Lowercase, punctuation gone, single spaces (as end_to_end.rs compares).
-fn normalise(s: &str) -> String {
-    s.to_lowercase()
-        .chars()
-        .map(|c| if c.is_alphanumeric() || c.is_whitespace() || c == '\'' { c } else { ' ' })
-        .collect::<String>()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
+mod common;
+use common::{normalise, repo, transcriber};
 
 /// Every update only appends to the committed text, and exactly the last one is final.
 fn check_append_only(updates: &[LiveUpdate]) {

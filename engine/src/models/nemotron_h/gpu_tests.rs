@@ -5,18 +5,10 @@
 use std::sync::{Arc, OnceLock};
 
 use super::*;
-use crate::gpu::GpuOptions;
 use crate::models::nemotron_h::fixture::{fixture_dir, max_row_rel, Expected};
 
 fn gpu() -> Arc<Gpu> {
-    static G: OnceLock<Arc<Gpu>> = OnceLock::new();
-    G.get_or_init(|| {
-        Arc::new(
-            Gpu::new(&GpuOptions::default())
-                .expect("tests need a GPU adapter (lavapipe is enough)"),
-        )
-    })
-    .clone()
+    crate::testgpu::gpu_arc()
 }
 
 fn model() -> &'static NemotronGpu {

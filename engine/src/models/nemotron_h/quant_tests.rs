@@ -9,19 +9,11 @@ use std::sync::{Arc, OnceLock};
 use rand::Rng;
 
 use super::*;
-use crate::gpu::GpuOptions;
 use crate::models::nemotron_h::fixture::{fixture_dir, max_row_rel, Expected};
 use crate::reference::nemotron_h::Mixer;
 
 fn gpu() -> Arc<Gpu> {
-    static G: OnceLock<Arc<Gpu>> = OnceLock::new();
-    G.get_or_init(|| {
-        Arc::new(
-            Gpu::new(&GpuOptions::default())
-                .expect("tests need a GPU adapter (lavapipe is enough)"),
-        )
-    })
-    .clone()
+    crate::testgpu::gpu_arc()
 }
 
 fn reference() -> &'static Model {

@@ -2,17 +2,14 @@
 //! real speech → projector → 375 audio embeddings + a text prompt) prefilled into the
 //! Nemotron-H GPU frame in passes, against the CPU reference frame fed the same inputs.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use super::*;
 use crate::decode::LogitSource;
-use crate::gpu::GpuOptions;
 use crate::testgpu::{rand_vec, rel_err, rng, NAN_BITS};
 
 fn gpu() -> Arc<Gpu> {
-    static G: OnceLock<Arc<Gpu>> = OnceLock::new();
-    G.get_or_init(|| Arc::new(Gpu::new(&GpuOptions::default()).expect("tests need a GPU adapter (lavapipe is enough)")))
-        .clone()
+    crate::testgpu::gpu_arc()
 }
 
 #[test]
