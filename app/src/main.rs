@@ -3,6 +3,7 @@
 //! Exit status: 0 when every file was transcribed, 1 when any failed (the others are
 //! still done), 2 for a usage error. Every failure is one sentence on stderr.
 
+mod bench;
 mod export;
 mod lm_check;
 mod model_fetch;
@@ -26,6 +27,9 @@ enum Command {
     /// Check the Nemotron-H GPU frame against a fixture's expected outputs
     /// (MODEL_DIR EXPECTED.safetensors); exit 0 only within bounds.
     LmCheck(lm_check::Args),
+    /// Measure the Whisper path on this GPU: encoder, prefill and decode times, dispatches
+    /// per step, the per-kernel table against a copy ceiling (see app/src/bench.rs).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Transcribe(args)) => transcribe::run(args),
         Some(Command::LmCheck(args)) => lm_check::run(args),
+        Some(Command::Bench(args)) => bench::run(args),
         None => {
             // No window yet (it will open here, and take the desktop entry's files):
             // show what there is to do.

@@ -290,7 +290,7 @@ impl<'g> Recorder<'g> {
             gpu.queue.write_buffer(buf, 0, data);
         }
         let cmds = std::mem::take(&mut self.cmds);
-        let timed = gpu.profiling && profile.is_some();
+        let timed = gpu.timing_dispatches() && profile.is_some();
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim") });
         let mut timing: Vec<(&'static str, &'static str, Cost)> = Vec::new();
         let mut untimed: Vec<(&'static str, &'static str, Cost)> = Vec::new();
