@@ -215,6 +215,7 @@ fn bench(args: &Args) -> Result<(), String> {
     let prompt64: Vec<u32> = (0..64).map(text_token).collect();
     let (mut pre4, mut pre64, mut dec) = (Vec::new(), Vec::new(), Vec::new());
     let mut per_step_dispatches = 0.0;
+    let mut host_split = Vec::new();
     for b in 0..=batches {
         model.begin_window(&mel).map_err(err)?;
         let t = Instant::now();
@@ -225,13 +226,16 @@ fn bench(args: &Args) -> Result<(), String> {
         model.advance(&prompt4, &rules).map_err(err)?;
         let p4 = t.elapsed().as_secs_f64() * 1e3 / 4.0;
         let before = model.profile.total_dispatches();
+        model.host_times = (0.0, 0.0, 0);
         let t = Instant::now();
         for i in 0..steps {
             model.advance(&[text_token(i + 4)], &rules).map_err(err)?;
         }
         let d = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
         per_step_dispatches = (model.profile.total_dispatches() - before) as f64 / steps as f64;
+        let (rs, ws, n) = model.host_times;
         if b > 0 {
+            host_split.push((d, rs * 1e3 / n.max(1) as f64, ws * 1e3 / n.max(1) as f64));
             // Batch 0 is the warm-up (bind groups of every KV length's dispatch shapes).
             pre4.push(p4);
             pre64.push(p64);
@@ -298,6 +302,10 @@ fn bench(args: &Args) -> Result<(), String> {
         "| decode, ms/token ({steps} forced steps) | {:.4} | {:.2} | one submit + wait per step |",
         d.min, d.spread
     );
+    if let Some(&(_, r, w)) = host_split.iter().min_by(|a, b| a.0.total_cmp(&b.0)) {
+        println!("| decode step: record + submit, ms | {r:.4} | | host, in the fastest batch |");
+        println!("| decode step: wait for GPU + readback, ms | {w:.4} | | |");
+    }
     println!("| dispatches per decode step | {per_step_dispatches:.1} | | |");
     println!("| copy ceiling, GB/s | {copy_gbs:.0} | | vec4 copy kernel, {} MiB buffers |", args.copy_mib);
     if let Some(l) = file_line {
