@@ -303,7 +303,7 @@ fn bench(args: &Args) -> Result<(), String> {
         d.min, d.spread
     );
     if let Some(&(_, r, w)) = host_split.iter().min_by(|a, b| a.0.total_cmp(&b.0)) {
-        println!("| decode step: record + submit, ms | {r:.4} | | host, in the fastest batch |");
+        println!("| decode step: record + submit, ms | {r:.4} | | host, fastest batch (encoding ahead not counted) |");
         println!("| decode step: wait for GPU + readback, ms | {w:.4} | | |");
     }
     println!("| dispatches per decode step | {per_step_dispatches:.1} | | |");

@@ -8,7 +8,7 @@
 
 mod recorder;
 
-pub use recorder::{Cost, DispatchCache, KernelStat, Profile, Recorder};
+pub use recorder::{Cost, DispatchCache, Encoded, KernelStat, Profile, Recorder};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
