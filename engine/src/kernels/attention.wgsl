@@ -508,10 +508,81 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     var acc0 = 0.0;
     var acc1 = 0.0;
     let n = select(0u, j_hi - j_lo, j_hi > j_lo);
-    // Four keys per round with their loads issued together (a plain loop waits for each v
-    // load in turn); the sums keep the key order, as the loop below.
+    // Sixteen, eight, then four keys per round with their loads issued together (a plain
+    // loop waits for each v load in turn); the sums keep the key order, as the loop below.
     var jj = g;
     let vs4 = 4u * p.v_stride;
+    for (; jj + 60u < n; jj += 64u) {
+        let vb0 = p.v_off + (j_lo + jj) * p.v_stride + h * d + cd;
+        if (cd < d) {
+            let v0 = v[vb0 + 0u * vs4];
+            let v1 = v[vb0 + 1u * vs4];
+            let v2 = v[vb0 + 2u * vs4];
+            let v3 = v[vb0 + 3u * vs4];
+            let v4 = v[vb0 + 4u * vs4];
+            let v5 = v[vb0 + 5u * vs4];
+            let v6 = v[vb0 + 6u * vs4];
+            let v7 = v[vb0 + 7u * vs4];
+            let v8 = v[vb0 + 8u * vs4];
+            let v9 = v[vb0 + 9u * vs4];
+            let v10 = v[vb0 + 10u * vs4];
+            let v11 = v[vb0 + 11u * vs4];
+            let v12 = v[vb0 + 12u * vs4];
+            let v13 = v[vb0 + 13u * vs4];
+            let v14 = v[vb0 + 14u * vs4];
+            let v15 = v[vb0 + 15u * vs4];
+            acc0 = fma(sc[jj + 0u], v0, acc0);
+            acc0 = fma(sc[jj + 4u], v1, acc0);
+            acc0 = fma(sc[jj + 8u], v2, acc0);
+            acc0 = fma(sc[jj + 12u], v3, acc0);
+            acc0 = fma(sc[jj + 16u], v4, acc0);
+            acc0 = fma(sc[jj + 20u], v5, acc0);
+            acc0 = fma(sc[jj + 24u], v6, acc0);
+            acc0 = fma(sc[jj + 28u], v7, acc0);
+            acc0 = fma(sc[jj + 32u], v8, acc0);
+            acc0 = fma(sc[jj + 36u], v9, acc0);
+            acc0 = fma(sc[jj + 40u], v10, acc0);
+            acc0 = fma(sc[jj + 44u], v11, acc0);
+            acc0 = fma(sc[jj + 48u], v12, acc0);
+            acc0 = fma(sc[jj + 52u], v13, acc0);
+            acc0 = fma(sc[jj + 56u], v14, acc0);
+            acc0 = fma(sc[jj + 60u], v15, acc0);
+        }
+        if (cd + 64u < d) {
+            let v0 = v[vb0 + 0u * vs4 + 64u];
+            let v1 = v[vb0 + 1u * vs4 + 64u];
+            let v2 = v[vb0 + 2u * vs4 + 64u];
+            let v3 = v[vb0 + 3u * vs4 + 64u];
+            let v4 = v[vb0 + 4u * vs4 + 64u];
+            let v5 = v[vb0 + 5u * vs4 + 64u];
+            let v6 = v[vb0 + 6u * vs4 + 64u];
+            let v7 = v[vb0 + 7u * vs4 + 64u];
+            let v8 = v[vb0 + 8u * vs4 + 64u];
+            let v9 = v[vb0 + 9u * vs4 + 64u];
+            let v10 = v[vb0 + 10u * vs4 + 64u];
+            let v11 = v[vb0 + 11u * vs4 + 64u];
+            let v12 = v[vb0 + 12u * vs4 + 64u];
+            let v13 = v[vb0 + 13u * vs4 + 64u];
+            let v14 = v[vb0 + 14u * vs4 + 64u];
+            let v15 = v[vb0 + 15u * vs4 + 64u];
+            acc1 = fma(sc[jj + 0u], v0, acc1);
+            acc1 = fma(sc[jj + 4u], v1, acc1);
+            acc1 = fma(sc[jj + 8u], v2, acc1);
+            acc1 = fma(sc[jj + 12u], v3, acc1);
+            acc1 = fma(sc[jj + 16u], v4, acc1);
+            acc1 = fma(sc[jj + 20u], v5, acc1);
+            acc1 = fma(sc[jj + 24u], v6, acc1);
+            acc1 = fma(sc[jj + 28u], v7, acc1);
+            acc1 = fma(sc[jj + 32u], v8, acc1);
+            acc1 = fma(sc[jj + 36u], v9, acc1);
+            acc1 = fma(sc[jj + 40u], v10, acc1);
+            acc1 = fma(sc[jj + 44u], v11, acc1);
+            acc1 = fma(sc[jj + 48u], v12, acc1);
+            acc1 = fma(sc[jj + 52u], v13, acc1);
+            acc1 = fma(sc[jj + 56u], v14, acc1);
+            acc1 = fma(sc[jj + 60u], v15, acc1);
+        }
+    }
     for (; jj + 28u < n; jj += 32u) {
         let vb0 = p.v_off + (j_lo + jj) * p.v_stride + h * d + cd;
         if (cd < d) {

@@ -56,6 +56,15 @@ fn finish(v0: f32, n: u32, mi: u32) {
     y[o] = v;
 }
 
+// `finish` with the bias and the accumulated value loaded ahead (main_m1).
+fn finish_pre(v0: f32, n: u32, b: f32, yo: f32) {
+    var v = v0 + b;
+    if ((p.flags & 2u) != 0u) {
+        v = gelu(v);
+    }
+    y[p.y_off + n] = v + yo;
+}
+
 fn ln_on() -> bool {
     return (p.flags & 16u) != 0u;
 }
@@ -194,6 +203,17 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         r6 = w[(k0 + 6u) * nw + cw];
         r7 = w[(k0 + 7u) * nw + cw];
     }
+    // The epilogue's bias and residual too (0 when the flags leave them out).
+    var eb = vec2<f32>(0.0, 0.0);
+    var ey = vec2<f32>(0.0, 0.0);
+    if (kg == 0u && cw < nw) {
+        if ((p.flags & 1u) != 0u) {
+            eb = vec2<f32>(bias[2u * cw], bias[2u * cw + 1u]);
+        }
+        if ((p.flags & 4u) != 0u) {
+            ey = vec2<f32>(y[p.y_off + 2u * cw], y[p.y_off + 2u * cw + 1u]);
+        }
+    }
     if (ln_on()) {
         row_stats(1u, kg * CP + li.x);
     }
@@ -230,6 +250,18 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             a = fma(vec2<f32>(xv(0u, k + 6u)), w6, a);
             b = fma(vec2<f32>(xv(0u, k + 7u)), w7, b);
         }
+        // The rest in a block of four (a loop of single loads would wait for each).
+        if (k + 4u <= k1) {
+            let w0 = unpack2x16float(w[k * nw + cw]);
+            let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
+            let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
+            let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
+            a = fma(vec2<f32>(xv(0u, k)), w0, a);
+            b = fma(vec2<f32>(xv(0u, k + 1u)), w1, b);
+            a = fma(vec2<f32>(xv(0u, k + 2u)), w2, a);
+            b = fma(vec2<f32>(xv(0u, k + 3u)), w3, b);
+            k += 4u;
+        }
         for (; k < k1; k++) {
             a = fma(vec2<f32>(xv(0u, k)), unpack2x16float(w[k * nw + cw]), a);
         }
@@ -245,7 +277,7 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     }
     if (kg == 0u && cw < nw) {
         let s = red[li.x];
-        finish(s.x, 2u * cw, 0u);
-        finish(s.y, 2u * cw + 1u, 0u);
+        finish_pre(s.x, 2u * cw, eb.x, ey.x);
+        finish_pre(s.y, 2u * cw + 1u, eb.y, ey.y);
     }
 }
