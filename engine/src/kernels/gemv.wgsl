@@ -232,6 +232,41 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             b = fma(vec2<f32>(xv(0u, k + 7u)), unpack2x16float(r7), b);
             k += 8u;
         }
+        // Sixteen words per round while they last (long slices: fc2, the logits).
+        for (; k + 16u <= k1; k += 16u) {
+            let u0 = w[(k + 0u) * nw + cw];
+            let u1 = w[(k + 1u) * nw + cw];
+            let u2 = w[(k + 2u) * nw + cw];
+            let u3 = w[(k + 3u) * nw + cw];
+            let u4 = w[(k + 4u) * nw + cw];
+            let u5 = w[(k + 5u) * nw + cw];
+            let u6 = w[(k + 6u) * nw + cw];
+            let u7 = w[(k + 7u) * nw + cw];
+            let u8 = w[(k + 8u) * nw + cw];
+            let u9 = w[(k + 9u) * nw + cw];
+            let u10 = w[(k + 10u) * nw + cw];
+            let u11 = w[(k + 11u) * nw + cw];
+            let u12 = w[(k + 12u) * nw + cw];
+            let u13 = w[(k + 13u) * nw + cw];
+            let u14 = w[(k + 14u) * nw + cw];
+            let u15 = w[(k + 15u) * nw + cw];
+            a = fma(vec2<f32>(xv(0u, k + 0u)), unpack2x16float(u0), a);
+            b = fma(vec2<f32>(xv(0u, k + 1u)), unpack2x16float(u1), b);
+            a = fma(vec2<f32>(xv(0u, k + 2u)), unpack2x16float(u2), a);
+            b = fma(vec2<f32>(xv(0u, k + 3u)), unpack2x16float(u3), b);
+            a = fma(vec2<f32>(xv(0u, k + 4u)), unpack2x16float(u4), a);
+            b = fma(vec2<f32>(xv(0u, k + 5u)), unpack2x16float(u5), b);
+            a = fma(vec2<f32>(xv(0u, k + 6u)), unpack2x16float(u6), a);
+            b = fma(vec2<f32>(xv(0u, k + 7u)), unpack2x16float(u7), b);
+            a = fma(vec2<f32>(xv(0u, k + 8u)), unpack2x16float(u8), a);
+            b = fma(vec2<f32>(xv(0u, k + 9u)), unpack2x16float(u9), b);
+            a = fma(vec2<f32>(xv(0u, k + 10u)), unpack2x16float(u10), a);
+            b = fma(vec2<f32>(xv(0u, k + 11u)), unpack2x16float(u11), b);
+            a = fma(vec2<f32>(xv(0u, k + 12u)), unpack2x16float(u12), a);
+            b = fma(vec2<f32>(xv(0u, k + 13u)), unpack2x16float(u13), b);
+            a = fma(vec2<f32>(xv(0u, k + 14u)), unpack2x16float(u14), a);
+            b = fma(vec2<f32>(xv(0u, k + 15u)), unpack2x16float(u15), b);
+        }
         for (; k + 8u <= k1; k += 8u) {
             let w0 = unpack2x16float(w[k * nw + cw]);
             let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
