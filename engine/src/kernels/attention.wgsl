@@ -696,25 +696,50 @@ fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let h = wg.y;
     let d = p.d;
     let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
-    let base = (qi * p.heads + h) * n_splits * (d + 2u);
+    let ps = d + 2u;
+    let base = (qi * p.heads + h) * n_splits * ps;
+    // Four splits per round, their loads issued together (a loop of single loads waits for
+    // each); the splits are combined in order, as one at a time would.
     var mx = NEG;
-    for (var s = 0u; s < n_splits; s++) {
-        mx = max(mx, q[base + s * (d + 2u)]);
+    var s = 0u;
+    for (; s + 4u <= n_splits; s += 4u) {
+        let m0 = q[base + s * ps];
+        let m1 = q[base + (s + 1u) * ps];
+        let m2 = q[base + (s + 2u) * ps];
+        let m3 = q[base + (s + 3u) * ps];
+        mx = max(max(max(max(mx, m0), m1), m2), m3);
+    }
+    for (; s < n_splits; s++) {
+        mx = max(mx, q[base + s * ps]);
     }
     var l = 0.0;
     var acc0 = 0.0;
     var acc1 = 0.0;
-    for (var s = 0u; s < n_splits; s++) {
-        let pb = base + s * (d + 2u);
+    let c0 = min(lid, d - 1u) + 2u;
+    let c1 = min(lid + 64u, d - 1u) + 2u;
+    s = 0u;
+    for (; s + 4u <= n_splits; s += 4u) {
+        let pb = base + s * ps;
+        let m = vec4<f32>(q[pb], q[pb + ps], q[pb + 2u * ps], q[pb + 3u * ps]);
+        let ls = vec4<f32>(q[pb + 1u], q[pb + ps + 1u], q[pb + 2u * ps + 1u], q[pb + 3u * ps + 1u]);
+        let a = vec4<f32>(q[pb + c0], q[pb + ps + c0], q[pb + 2u * ps + c0], q[pb + 3u * ps + c0]);
+        let b = vec4<f32>(q[pb + c1], q[pb + ps + c1], q[pb + 2u * ps + c1], q[pb + 3u * ps + c1]);
+        for (var i = 0u; i < 4u; i++) {
+            if (ls[i] > 0.0) {
+                let w = exp(m[i] - mx);
+                l += ls[i] * w;
+                acc0 = fma(a[i], w, acc0);
+                acc1 = fma(b[i], w, acc1);
+            }
+        }
+    }
+    for (; s < n_splits; s++) {
+        let pb = base + s * ps;
         if (q[pb + 1u] > 0.0) {
             let w = exp(q[pb] - mx);
             l += q[pb + 1u] * w;
-            if (lid < d) {
-                acc0 = fma(q[pb + 2u + lid], w, acc0);
-            }
-            if (lid + 64u < d) {
-                acc1 = fma(q[pb + 2u + lid + 64u], w, acc1);
-            }
+            acc0 = fma(q[pb + c0], w, acc0);
+            acc1 = fma(q[pb + c1], w, acc1);
         }
     }
     let ob = p.o_off + qi * p.o_stride + h * d;
