@@ -5,6 +5,7 @@
 //! Exit status: 0 when every file was transcribed, 1 when any failed (the others are
 //! still done), 2 for a usage error. Every failure is one sentence on stderr.
 
+mod bench;
 mod export;
 mod gui;
 mod lm_check;
@@ -35,6 +36,9 @@ enum Command {
     /// Check the Nemotron-H GPU frame against a fixture's expected outputs
     /// (MODEL_DIR EXPECTED.safetensors); exit 0 only within bounds.
     LmCheck(lm_check::Args),
+    /// Measure the Whisper path on this GPU: encoder, prefill and decode times, dispatches
+    /// per step, the per-kernel table against a copy ceiling (see app/src/bench.rs).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Some(Command::Gui(args)) => gui::run(args),
         Some(Command::Transcribe(args)) => transcribe::run(args),
         Some(Command::LmCheck(args)) => lm_check::run(args),
+        Some(Command::Bench(args)) => bench::run(args),
         None => gui::run(cli.gui),
     }
 }

@@ -366,7 +366,8 @@ impl Variant {
         let s = self.shape;
         match (self.family, self.pure_read) {
             (_, true) => 0,
-            (Family::Prod, _) => s.kg * 8 * s.cp * 8,
+            // red [KG][8][CP] vec2 + the LayerNorm scratch (256 + 16 floats).
+            (Family::Prod, _) => s.kg * 8 * s.cp * 8 + 272 * 4,
             (Family::Template, _) => s.kg * s.cp * s.wpt * 8,
         }
     }
@@ -766,9 +767,9 @@ fn gemv_data(lab: &Lab, n: u32, k: u32, reps: u32, out_words: u64) -> LabResult<
         x: gpu.upload_f32("lab gemv x", &x)?,
         w: gpu.upload("lab gemv w", bytemuck::cast_slice(&wbits))?,
         bias: gpu.buffer("lab gemv bias", 16)?,
-        // gemv.wgsl's Params: m n k flags x_off x_stride y_off y_stride (no bias, GELU or
-        // accumulate: the epilogue is not what M = 1 decode is short of).
-        params: lab.uniform(&[1, n, k, 0, 0, k, 0, n]),
+        // gemv.wgsl's Params: m n k flags x_off x_stride y_off y_stride eps pad*3 (no bias,
+        // GELU, accumulate or LayerNorm: the epilogue is not what M = 1 decode is short of).
+        params: lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]),
         ys,
         reference,
     })
@@ -826,11 +827,20 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
         return Ok(row);
     }
     eprintln!("  {}", v.name);
-    let kernel: Arc<Kernel> = match gpu.kernel(
-        static_name(&format!("lab.{}", v.name)),
-        &v.src,
-        &[Access::Read, Access::Read, Access::Read, Access::ReadWrite],
-    ) {
+    // The shipped GEMV: its M = 1 entry (what a decode step runs), with gamma and beta
+    // bound to the (unused) bias buffer.
+    let prod = v.family == Family::Prod && !v.pure_read;
+    let compiled = if prod {
+        gpu.kernel_entry(
+            static_name(&format!("lab.{}", v.name)),
+            &v.src,
+            "main_m1",
+            &[Access::Read, Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+        )
+    } else {
+        gpu.kernel(static_name(&format!("lab.{}", v.name)), &v.src, &[Access::Read, Access::Read, Access::Read, Access::ReadWrite])
+    };
+    let kernel: Arc<Kernel> = match compiled {
         Ok(kernel) => kernel,
         Err(e) => {
             eprintln!("{}: {e}", v.name);
@@ -840,7 +850,15 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
     };
     let g = grid(ng.div_ceil(s.cp) as u64);
     let binds: Vec<wgpu::BindGroup> =
-        d.ys.iter().map(|y| lab.bind(&kernel, &d.params, &[&d.x, &d.w, &d.bias, y])).collect();
+        d.ys.iter()
+            .map(|y| {
+                if prod {
+                    lab.bind(&kernel, &d.params, &[&d.x, &d.w, &d.bias, &d.bias, &d.bias, y])
+                } else {
+                    lab.bind(&kernel, &d.params, &[&d.x, &d.w, &d.bias, y])
+                }
+            })
+            .collect();
     // Correctness guard, on exactly the bind group that is timed: poison, run, compare.
     gpu.fill_u32(&d.ys[0], 0x7fc0_0000);
     lab.run_once(&kernel, &binds[0], g)?;

@@ -8,7 +8,7 @@
 
 mod recorder;
 
-pub use recorder::{Cost, DispatchCache, KernelStat, Profile, Recorder};
+pub use recorder::{Cost, DispatchCache, Encoded, KernelStat, Profile, Recorder};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -73,6 +73,9 @@ pub struct Gpu {
     kernels: Mutex<HashMap<&'static str, Arc<Kernel>>>,
     /// Uniform arenas reused across recorders (see `Recorder`).
     pub(crate) arena_pool: Mutex<Vec<wgpu::Buffer>>,
+    /// Timestamps off for a while on a profiling device (`verbatim bench` times the same
+    /// work with and without them).
+    profiling_paused: std::sync::atomic::AtomicBool,
 }
 
 fn features_wanted() -> wgpu::Features {
@@ -191,7 +194,19 @@ impl Gpu {
             faults,
             kernels: Mutex::new(HashMap::new()),
             arena_pool: Mutex::new(Vec::new()),
+            profiling_paused: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Pause (or resume) per-dispatch timestamps on a profiling device: paused, dispatches
+    /// share passes again as without profiling, and only counts and bytes are recorded.
+    pub fn pause_profiling(&self, paused: bool) {
+        self.profiling_paused.store(paused, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether dispatches are timed now (profiling asked for, supported and not paused).
+    pub fn timing_dispatches(&self) -> bool {
+        self.profiling && !self.profiling_paused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The first asynchronous fault wgpu reported, as an error (device loss first).

@@ -140,11 +140,82 @@ pub struct Recorder<'g> {
     arenas: Vec<(wgpu::Buffer, Vec<u8>, bool)>,
     stage: &'static str,
     cache: Option<&'g mut DispatchCache>,
+    /// (arena index, byte offset) of each dispatch's parameters, in recording order.
+    slots: Vec<(usize, u64)>,
+}
+
+/// A recording encoded into a command buffer, its parameters already written (queued
+/// before the next submission), not yet submitted: a decode step can be encoded while
+/// the previous one runs on the GPU and submitted once its token is known.
+pub struct Encoded {
+    cmd: wgpu::CommandBuffer,
+    untimed: Vec<(&'static str, &'static str, Cost)>,
+    pooled: Vec<wgpu::Buffer>,
+}
+
+impl Encoded {
+    /// Submit; `profile` gets the dispatch counts and bytes (no GPU times).
+    pub fn submit(self, gpu: &Gpu, profile: Option<&mut Profile>) -> Result<()> {
+        gpu.queue.submit([self.cmd]);
+        {
+            let mut pool = gpu.arena_pool.lock().unwrap_or_else(|p| p.into_inner());
+            pool.extend(self.pooled);
+        }
+        gpu.check()?;
+        if let Some(profile) = profile {
+            for (k, s, c) in &self.untimed {
+                profile.add(k, s, *c, 0.0);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<'g> Recorder<'g> {
     pub(super) fn new(gpu: &'g Gpu, cache: Option<&'g mut DispatchCache>) -> Self {
-        Recorder { gpu, cmds: Vec::new(), arenas: Vec::new(), stage: "", cache }
+        Recorder { gpu, cmds: Vec::new(), arenas: Vec::new(), stage: "", cache, slots: Vec::new() }
+    }
+
+    /// Where the parameters of the last `n` dispatches live (arena buffer, byte offset),
+    /// oldest first: rewriting them with `queue.write_buffer` before an [`Encoded`] is
+    /// submitted changes what those dispatches see.
+    pub fn last_param_slots(&self, n: usize) -> Vec<(wgpu::Buffer, u64)> {
+        let from = self.slots.len().saturating_sub(n);
+        self.slots[from..].iter().map(|&(ai, off)| (self.arenas[ai].0.clone(), off)).collect()
+    }
+
+    /// Write the parameters and encode everything recorded, without timestamps and
+    /// without submitting.
+    pub fn encode(mut self) -> Result<Encoded> {
+        let gpu = self.gpu;
+        for (buf, data, _) in &self.arenas {
+            gpu.queue.write_buffer(buf, 0, data);
+        }
+        let cmds = std::mem::take(&mut self.cmds);
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim") });
+        let mut untimed = Vec::with_capacity(cmds.len());
+        let mut i = 0;
+        while i < cmds.len() {
+            match &cmds[i] {
+                Cmd::Copy { src, src_off, dst, dst_off, size } => {
+                    enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
+                    i += 1;
+                }
+                Cmd::Dispatch { .. } => {
+                    let mut pass =
+                        enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("dispatches"), timestamp_writes: None });
+                    while let Some(Cmd::Dispatch { kernel, bind, groups, stage, cost }) = cmds.get(i) {
+                        pass.set_pipeline(&kernel.pipeline);
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        untimed.push((kernel.name, *stage, *cost));
+                        i += 1;
+                    }
+                }
+            }
+        }
+        let pooled = self.arenas.drain(..).filter(|(_, _, pooled)| *pooled).map(|(b, _, _)| b).collect();
+        Ok(Encoded { cmd: enc.finish(), untimed, pooled })
     }
 
     fn new_arena(&self) -> wgpu::Buffer {
@@ -231,6 +302,7 @@ impl<'g> Recorder<'g> {
             return Ok(()); // nothing to do (an empty range)
         }
         let (ai, off) = self.param_slot(params)?;
+        self.slots.push((ai, off));
         let slot = (ai as u64 * SLOTS_PER_ARENA + off / SLOT) as usize;
         let reuse = self.cache.as_ref().and_then(|c| match c.binds.get(slot) {
             Some(Some((name, bufs, bg)))
@@ -290,7 +362,7 @@ impl<'g> Recorder<'g> {
             gpu.queue.write_buffer(buf, 0, data);
         }
         let cmds = std::mem::take(&mut self.cmds);
-        let timed = gpu.profiling && profile.is_some();
+        let timed = gpu.timing_dispatches() && profile.is_some();
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim") });
         let mut timing: Vec<(&'static str, &'static str, Cost)> = Vec::new();
         let mut untimed: Vec<(&'static str, &'static str, Cost)> = Vec::new();

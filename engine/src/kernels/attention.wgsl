@@ -13,6 +13,8 @@ struct Params {
     q_off: u32, q_stride: u32, k_off: u32, k_stride: u32,
     v_off: u32, v_stride: u32, o_off: u32, o_stride: u32,
     causal: u32, causal_offset: u32, scale: f32, split_keys: u32,
+    // main_split only: 1 = a single split, write the normalised output to `o` (no merge).
+    direct: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -415,30 +417,78 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let d = p.d;
     let sk = p.split_keys;
     let n_splits = (p.tk + sk - 1u) / sk;
-    let qb = p.q_off + qi * p.q_stride + h * d;
-    for (var c = lid; c < d; c += AW) {
-        qs[c] = q[qb + c] * p.scale;
-    }
     var kmax = p.tk;
     if (p.causal != 0u) {
         kmax = min(kmax, qi + p.causal_offset + 1u);
     }
     let j_lo = split * sk;
     let j_hi = min(kmax, j_lo + sk);
-    workgroupBarrier();
-    // Score key j_lo + lid (sk <= 256: one key per thread).
+    // Score key j_lo + lid (sk <= 256: one key per thread). The first 32 dimensions of the
+    // key are loaded before q is staged (their latency overlaps the barrier) and the rest
+    // 32 at a time: a loop that waits for each group of loads pays the latency per group.
+    // The sums keep the order of the plain loop below (two vec4 accumulators per 8).
     let j = j_lo + lid;
+    let valid = lid < sk && j < j_hi;
+    let kb = select(0u, p.k_off + j * p.k_stride + h * d, valid);
+    let pre = valid && d >= 32u;
+    var k0 = vec4<f32>(0.0);
+    var k1 = vec4<f32>(0.0);
+    var k2 = vec4<f32>(0.0);
+    var k3 = vec4<f32>(0.0);
+    var k4 = vec4<f32>(0.0);
+    var k5 = vec4<f32>(0.0);
+    var k6 = vec4<f32>(0.0);
+    var k7 = vec4<f32>(0.0);
+    if (pre) {
+        k0 = vec4<f32>(k[kb], k[kb + 1u], k[kb + 2u], k[kb + 3u]);
+        k1 = vec4<f32>(k[kb + 4u], k[kb + 5u], k[kb + 6u], k[kb + 7u]);
+        k2 = vec4<f32>(k[kb + 8u], k[kb + 9u], k[kb + 10u], k[kb + 11u]);
+        k3 = vec4<f32>(k[kb + 12u], k[kb + 13u], k[kb + 14u], k[kb + 15u]);
+        k4 = vec4<f32>(k[kb + 16u], k[kb + 17u], k[kb + 18u], k[kb + 19u]);
+        k5 = vec4<f32>(k[kb + 20u], k[kb + 21u], k[kb + 22u], k[kb + 23u]);
+        k6 = vec4<f32>(k[kb + 24u], k[kb + 25u], k[kb + 26u], k[kb + 27u]);
+        k7 = vec4<f32>(k[kb + 28u], k[kb + 29u], k[kb + 30u], k[kb + 31u]);
+    }
+    let qb = p.q_off + qi * p.q_stride + h * d;
+    for (var c = lid; c < d; c += AW) {
+        qs[c] = q[qb + c] * p.scale;
+    }
+    workgroupBarrier();
     var s = NEG;
-    if (lid < sk && j < j_hi) {
-        let kb = p.k_off + j * p.k_stride + h * d;
+    if (valid) {
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
         var c = 0u;
+        if (pre) {
+            loop {
+                a = fma(vec4<f32>(qs[c], qs[c + 1u], qs[c + 2u], qs[c + 3u]), k0, a);
+                b = fma(vec4<f32>(qs[c + 4u], qs[c + 5u], qs[c + 6u], qs[c + 7u]), k1, b);
+                a = fma(vec4<f32>(qs[c + 8u], qs[c + 9u], qs[c + 10u], qs[c + 11u]), k2, a);
+                b = fma(vec4<f32>(qs[c + 12u], qs[c + 13u], qs[c + 14u], qs[c + 15u]), k3, b);
+                a = fma(vec4<f32>(qs[c + 16u], qs[c + 17u], qs[c + 18u], qs[c + 19u]), k4, a);
+                b = fma(vec4<f32>(qs[c + 20u], qs[c + 21u], qs[c + 22u], qs[c + 23u]), k5, b);
+                a = fma(vec4<f32>(qs[c + 24u], qs[c + 25u], qs[c + 26u], qs[c + 27u]), k6, a);
+                b = fma(vec4<f32>(qs[c + 28u], qs[c + 29u], qs[c + 30u], qs[c + 31u]), k7, b);
+                c += 32u;
+                if (c + 32u > d) {
+                    break;
+                }
+                let kc = kb + c;
+                k0 = vec4<f32>(k[kc], k[kc + 1u], k[kc + 2u], k[kc + 3u]);
+                k1 = vec4<f32>(k[kc + 4u], k[kc + 5u], k[kc + 6u], k[kc + 7u]);
+                k2 = vec4<f32>(k[kc + 8u], k[kc + 9u], k[kc + 10u], k[kc + 11u]);
+                k3 = vec4<f32>(k[kc + 12u], k[kc + 13u], k[kc + 14u], k[kc + 15u]);
+                k4 = vec4<f32>(k[kc + 16u], k[kc + 17u], k[kc + 18u], k[kc + 19u]);
+                k5 = vec4<f32>(k[kc + 20u], k[kc + 21u], k[kc + 22u], k[kc + 23u]);
+                k6 = vec4<f32>(k[kc + 24u], k[kc + 25u], k[kc + 26u], k[kc + 27u]);
+                k7 = vec4<f32>(k[kc + 28u], k[kc + 29u], k[kc + 30u], k[kc + 31u]);
+            }
+        }
         for (; c + 8u <= d; c += 8u) {
-            let k0 = vec4<f32>(k[kb + c], k[kb + c + 1u], k[kb + c + 2u], k[kb + c + 3u]);
-            let k1 = vec4<f32>(k[kb + c + 4u], k[kb + c + 5u], k[kb + c + 6u], k[kb + c + 7u]);
-            a = fma(vec4<f32>(qs[c], qs[c + 1u], qs[c + 2u], qs[c + 3u]), k0, a);
-            b = fma(vec4<f32>(qs[c + 4u], qs[c + 5u], qs[c + 6u], qs[c + 7u]), k1, b);
+            let c0 = vec4<f32>(k[kb + c], k[kb + c + 1u], k[kb + c + 2u], k[kb + c + 3u]);
+            let c1 = vec4<f32>(k[kb + c + 4u], k[kb + c + 5u], k[kb + c + 6u], k[kb + c + 7u]);
+            a = fma(vec4<f32>(qs[c], qs[c + 1u], qs[c + 2u], qs[c + 3u]), c0, a);
+            b = fma(vec4<f32>(qs[c + 4u], qs[c + 5u], qs[c + 6u], qs[c + 7u]), c1, b);
         }
         var dot_ = a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
         for (; c < d; c++) {
@@ -458,7 +508,148 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     var acc0 = 0.0;
     var acc1 = 0.0;
     let n = select(0u, j_hi - j_lo, j_hi > j_lo);
-    for (var jj = g; jj < n; jj += 4u) {
+    // Sixteen, eight, then four keys per round with their loads issued together (a plain
+    // loop waits for each v load in turn); the sums keep the key order, as the loop below.
+    var jj = g;
+    let vs4 = 4u * p.v_stride;
+    for (; jj + 60u < n; jj += 64u) {
+        let vb0 = p.v_off + (j_lo + jj) * p.v_stride + h * d + cd;
+        if (cd < d) {
+            let v0 = v[vb0 + 0u * vs4];
+            let v1 = v[vb0 + 1u * vs4];
+            let v2 = v[vb0 + 2u * vs4];
+            let v3 = v[vb0 + 3u * vs4];
+            let v4 = v[vb0 + 4u * vs4];
+            let v5 = v[vb0 + 5u * vs4];
+            let v6 = v[vb0 + 6u * vs4];
+            let v7 = v[vb0 + 7u * vs4];
+            let v8 = v[vb0 + 8u * vs4];
+            let v9 = v[vb0 + 9u * vs4];
+            let v10 = v[vb0 + 10u * vs4];
+            let v11 = v[vb0 + 11u * vs4];
+            let v12 = v[vb0 + 12u * vs4];
+            let v13 = v[vb0 + 13u * vs4];
+            let v14 = v[vb0 + 14u * vs4];
+            let v15 = v[vb0 + 15u * vs4];
+            acc0 = fma(sc[jj + 0u], v0, acc0);
+            acc0 = fma(sc[jj + 4u], v1, acc0);
+            acc0 = fma(sc[jj + 8u], v2, acc0);
+            acc0 = fma(sc[jj + 12u], v3, acc0);
+            acc0 = fma(sc[jj + 16u], v4, acc0);
+            acc0 = fma(sc[jj + 20u], v5, acc0);
+            acc0 = fma(sc[jj + 24u], v6, acc0);
+            acc0 = fma(sc[jj + 28u], v7, acc0);
+            acc0 = fma(sc[jj + 32u], v8, acc0);
+            acc0 = fma(sc[jj + 36u], v9, acc0);
+            acc0 = fma(sc[jj + 40u], v10, acc0);
+            acc0 = fma(sc[jj + 44u], v11, acc0);
+            acc0 = fma(sc[jj + 48u], v12, acc0);
+            acc0 = fma(sc[jj + 52u], v13, acc0);
+            acc0 = fma(sc[jj + 56u], v14, acc0);
+            acc0 = fma(sc[jj + 60u], v15, acc0);
+        }
+        if (cd + 64u < d) {
+            let v0 = v[vb0 + 0u * vs4 + 64u];
+            let v1 = v[vb0 + 1u * vs4 + 64u];
+            let v2 = v[vb0 + 2u * vs4 + 64u];
+            let v3 = v[vb0 + 3u * vs4 + 64u];
+            let v4 = v[vb0 + 4u * vs4 + 64u];
+            let v5 = v[vb0 + 5u * vs4 + 64u];
+            let v6 = v[vb0 + 6u * vs4 + 64u];
+            let v7 = v[vb0 + 7u * vs4 + 64u];
+            let v8 = v[vb0 + 8u * vs4 + 64u];
+            let v9 = v[vb0 + 9u * vs4 + 64u];
+            let v10 = v[vb0 + 10u * vs4 + 64u];
+            let v11 = v[vb0 + 11u * vs4 + 64u];
+            let v12 = v[vb0 + 12u * vs4 + 64u];
+            let v13 = v[vb0 + 13u * vs4 + 64u];
+            let v14 = v[vb0 + 14u * vs4 + 64u];
+            let v15 = v[vb0 + 15u * vs4 + 64u];
+            acc1 = fma(sc[jj + 0u], v0, acc1);
+            acc1 = fma(sc[jj + 4u], v1, acc1);
+            acc1 = fma(sc[jj + 8u], v2, acc1);
+            acc1 = fma(sc[jj + 12u], v3, acc1);
+            acc1 = fma(sc[jj + 16u], v4, acc1);
+            acc1 = fma(sc[jj + 20u], v5, acc1);
+            acc1 = fma(sc[jj + 24u], v6, acc1);
+            acc1 = fma(sc[jj + 28u], v7, acc1);
+            acc1 = fma(sc[jj + 32u], v8, acc1);
+            acc1 = fma(sc[jj + 36u], v9, acc1);
+            acc1 = fma(sc[jj + 40u], v10, acc1);
+            acc1 = fma(sc[jj + 44u], v11, acc1);
+            acc1 = fma(sc[jj + 48u], v12, acc1);
+            acc1 = fma(sc[jj + 52u], v13, acc1);
+            acc1 = fma(sc[jj + 56u], v14, acc1);
+            acc1 = fma(sc[jj + 60u], v15, acc1);
+        }
+    }
+    for (; jj + 28u < n; jj += 32u) {
+        let vb0 = p.v_off + (j_lo + jj) * p.v_stride + h * d + cd;
+        if (cd < d) {
+            let v0 = v[vb0];
+            let v1 = v[vb0 + vs4];
+            let v2 = v[vb0 + 2u * vs4];
+            let v3 = v[vb0 + 3u * vs4];
+            let v4 = v[vb0 + 4u * vs4];
+            let v5 = v[vb0 + 5u * vs4];
+            let v6 = v[vb0 + 6u * vs4];
+            let v7 = v[vb0 + 7u * vs4];
+            acc0 = fma(sc[jj], v0, acc0);
+            acc0 = fma(sc[jj + 4u], v1, acc0);
+            acc0 = fma(sc[jj + 8u], v2, acc0);
+            acc0 = fma(sc[jj + 12u], v3, acc0);
+            acc0 = fma(sc[jj + 16u], v4, acc0);
+            acc0 = fma(sc[jj + 20u], v5, acc0);
+            acc0 = fma(sc[jj + 24u], v6, acc0);
+            acc0 = fma(sc[jj + 28u], v7, acc0);
+        }
+        if (cd + 64u < d) {
+            let v0 = v[vb0 + 64u];
+            let v1 = v[vb0 + vs4 + 64u];
+            let v2 = v[vb0 + 2u * vs4 + 64u];
+            let v3 = v[vb0 + 3u * vs4 + 64u];
+            let v4 = v[vb0 + 4u * vs4 + 64u];
+            let v5 = v[vb0 + 5u * vs4 + 64u];
+            let v6 = v[vb0 + 6u * vs4 + 64u];
+            let v7 = v[vb0 + 7u * vs4 + 64u];
+            acc1 = fma(sc[jj], v0, acc1);
+            acc1 = fma(sc[jj + 4u], v1, acc1);
+            acc1 = fma(sc[jj + 8u], v2, acc1);
+            acc1 = fma(sc[jj + 12u], v3, acc1);
+            acc1 = fma(sc[jj + 16u], v4, acc1);
+            acc1 = fma(sc[jj + 20u], v5, acc1);
+            acc1 = fma(sc[jj + 24u], v6, acc1);
+            acc1 = fma(sc[jj + 28u], v7, acc1);
+        }
+    }
+    for (; jj + 12u < n; jj += 16u) {
+        let vb0 = p.v_off + (j_lo + jj) * p.v_stride + h * d;
+        let p0 = sc[jj];
+        let p1 = sc[jj + 4u];
+        let p2 = sc[jj + 8u];
+        let p3 = sc[jj + 12u];
+        if (cd < d) {
+            let v0 = v[vb0 + cd];
+            let v1 = v[vb0 + vs4 + cd];
+            let v2 = v[vb0 + 2u * vs4 + cd];
+            let v3 = v[vb0 + 3u * vs4 + cd];
+            acc0 = fma(p0, v0, acc0);
+            acc0 = fma(p1, v1, acc0);
+            acc0 = fma(p2, v2, acc0);
+            acc0 = fma(p3, v3, acc0);
+        }
+        if (cd + 64u < d) {
+            let v0 = v[vb0 + cd + 64u];
+            let v1 = v[vb0 + vs4 + cd + 64u];
+            let v2 = v[vb0 + 2u * vs4 + cd + 64u];
+            let v3 = v[vb0 + 3u * vs4 + cd + 64u];
+            acc1 = fma(p0, v0, acc1);
+            acc1 = fma(p1, v1, acc1);
+            acc1 = fma(p2, v2, acc1);
+            acc1 = fma(p3, v3, acc1);
+        }
+    }
+    for (; jj < n; jj += 4u) {
         let vb = p.v_off + (j_lo + jj) * p.v_stride + h * d;
         let pj = sc[jj];
         if (cd < d) {
@@ -471,6 +662,19 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     part0[lid] = acc0;
     part1[lid] = acc1;
     workgroupBarrier();
+    if (p.direct != 0u) {
+        // One split: this is the whole softmax, normalise and write the output here.
+        let ob = p.o_off + qi * p.o_stride + h * d;
+        if (lid < 64u) {
+            if (cd < d) {
+                o[ob + cd] = (part0[cd] + part0[64u + cd] + part0[128u + cd] + part0[192u + cd]) / total;
+            }
+            if (cd + 64u < d) {
+                o[ob + cd + 64u] = (part1[cd] + part1[64u + cd] + part1[128u + cd] + part1[192u + cd]) / total;
+            }
+        }
+        return;
+    }
     let pb = ((qi * p.heads + h) * n_splits + split) * (d + 2u);
     if (lid == 0u) {
         o[pb] = mx;
@@ -492,25 +696,50 @@ fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let h = wg.y;
     let d = p.d;
     let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
-    let base = (qi * p.heads + h) * n_splits * (d + 2u);
+    let ps = d + 2u;
+    let base = (qi * p.heads + h) * n_splits * ps;
+    // Four splits per round, their loads issued together (a loop of single loads waits for
+    // each); the splits are combined in order, as one at a time would.
     var mx = NEG;
-    for (var s = 0u; s < n_splits; s++) {
-        mx = max(mx, q[base + s * (d + 2u)]);
+    var s = 0u;
+    for (; s + 4u <= n_splits; s += 4u) {
+        let m0 = q[base + s * ps];
+        let m1 = q[base + (s + 1u) * ps];
+        let m2 = q[base + (s + 2u) * ps];
+        let m3 = q[base + (s + 3u) * ps];
+        mx = max(max(max(max(mx, m0), m1), m2), m3);
+    }
+    for (; s < n_splits; s++) {
+        mx = max(mx, q[base + s * ps]);
     }
     var l = 0.0;
     var acc0 = 0.0;
     var acc1 = 0.0;
-    for (var s = 0u; s < n_splits; s++) {
-        let pb = base + s * (d + 2u);
+    let c0 = min(lid, d - 1u) + 2u;
+    let c1 = min(lid + 64u, d - 1u) + 2u;
+    s = 0u;
+    for (; s + 4u <= n_splits; s += 4u) {
+        let pb = base + s * ps;
+        let m = vec4<f32>(q[pb], q[pb + ps], q[pb + 2u * ps], q[pb + 3u * ps]);
+        let ls = vec4<f32>(q[pb + 1u], q[pb + ps + 1u], q[pb + 2u * ps + 1u], q[pb + 3u * ps + 1u]);
+        let a = vec4<f32>(q[pb + c0], q[pb + ps + c0], q[pb + 2u * ps + c0], q[pb + 3u * ps + c0]);
+        let b = vec4<f32>(q[pb + c1], q[pb + ps + c1], q[pb + 2u * ps + c1], q[pb + 3u * ps + c1]);
+        for (var i = 0u; i < 4u; i++) {
+            if (ls[i] > 0.0) {
+                let w = exp(m[i] - mx);
+                l += ls[i] * w;
+                acc0 = fma(a[i], w, acc0);
+                acc1 = fma(b[i], w, acc1);
+            }
+        }
+    }
+    for (; s < n_splits; s++) {
+        let pb = base + s * ps;
         if (q[pb + 1u] > 0.0) {
             let w = exp(q[pb] - mx);
             l += q[pb + 1u] * w;
-            if (lid < d) {
-                acc0 = fma(q[pb + 2u + lid], w, acc0);
-            }
-            if (lid + 64u < d) {
-                acc1 = fma(q[pb + 2u + lid + 64u], w, acc1);
-            }
+            acc0 = fma(q[pb + c0], w, acc0);
+            acc1 = fma(q[pb + c1], w, acc1);
         }
     }
     let ob = p.o_off + qi * p.o_stride + h * d;

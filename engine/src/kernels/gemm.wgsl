@@ -6,8 +6,8 @@
 // row) and in the GEMV kernel (one column pair per thread, no cross-thread reduction).
 // X and Y are f32. One workgroup computes a 64x64 tile of Y from 16-deep slices of X and W
 // staged in workgroup memory (each weight word read from memory once per 64 rows of X);
-// each of the 256 threads owns a 4x4 block, rows ty+16i and columns tx+16j so that the
-// stores of a row are contiguous across threads.
+// each of the 256 threads owns a 4x4 block, rows 4ty+i and columns 4tx+j (a thread's
+// stores of a row are 16 contiguous bytes, and contiguous across threads).
 //
 // flags: 1 add bias, 2 GELU (exact, erf; gelu.wgsl is prepended), 4 accumulate into Y (residual add: Y += ...),
 //        8 the input is a kernel-3 / padding-1 convolution read in place (im2col on the fly):
@@ -30,8 +30,12 @@ const BM: u32 = 64u;
 const BN: u32 = 64u;
 const BK: u32 = 16u;
 
-var<workgroup> xs: array<f32, 1024>; // [BK][BM]
-var<workgroup> ws: array<f32, 1024>; // [BK][BN]
+// Tiles as vec4 so that the inner loop reads a thread's 4 rows and 4 columns with one
+// 16-byte load each (scalar loads made the loop bound by workgroup-memory instructions:
+// 8 loads per 16 FMAs). xs rows are padded by one vec4 against bank conflicts on stores.
+const XS_ROW: u32 = 17u; // vec4 per k-row of xs: BM / 4 + 1
+var<workgroup> xs: array<vec4<f32>, 272>; // [BK][XS_ROW]: rows 4i..4i+3 in vec4 i
+var<workgroup> ws: array<vec4<f32>, 256>; // [BK][BN / 4]: columns 4j..4j+3 in vec4 j
 
 fn load_x(row: u32, col: u32) -> f32 {
     if (row >= p.m || col >= p.k) {
@@ -69,13 +73,14 @@ fn store(row: u32, col: u32, acc: f32) {
 
 fn store_row(row: u32, col: u32, acc: vec4<f32>) {
     store(row, col, acc.x);
-    store(row, col + 16u, acc.y);
-    store(row, col + 32u, acc.z);
-    store(row, col + 48u, acc.w);
+    store(row, col + 1u, acc.y);
+    store(row, col + 2u, acc.z);
+    store(row, col + 3u, acc.w);
 }
 
-// The 4x4 block of a thread is four vec4 accumulators, not a private array: a private
-// array indexed in loops can end up in (slow) local memory instead of registers.
+// The 4x4 block of a thread (rows 4ty.., columns 4tx..) is four vec4 accumulators, not a
+// private array: a private array indexed in loops can end up in (slow) local memory.
+// Each output sums its k terms in ascending order, one fma each.
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3<u32>,
         @builtin(local_invocation_id) li: vec3<u32>,
@@ -93,7 +98,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             let e = lid + i * 256u;
             let r = e / BK;
             let c = e % BK;
-            xs[c * BM + r] = load_x(row0 + r, k0 + c);
+            xs[c * XS_ROW + r / 4u][r % 4u] = load_x(row0 + r, k0 + c);
         }
         // W tile: 16 k-rows x 32 words (64 columns), 2 words per thread.
         for (var i = 0u; i < 2u; i++) {
@@ -106,24 +111,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             if (n < p.n && kk < p.k) {
                 pair = unpack2x16float(w[kk * nw + n / 2u]);
             }
-            ws[kr * BN + 2u * cw] = pair.x;
-            ws[kr * BN + 2u * cw + 1u] = pair.y;
+            let wv = kr * (BN / 4u) + cw / 2u;
+            let wc = 2u * (cw % 2u);
+            ws[wv][wc] = pair.x;
+            ws[wv][wc + 1u] = pair.y;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            let xb = kk * BM + li.y;
-            let wb = kk * BN + li.x;
-            let b = vec4<f32>(ws[wb], ws[wb + 16u], ws[wb + 32u], ws[wb + 48u]);
-            c0 = fma(vec4<f32>(xs[xb]), b, c0);
-            c1 = fma(vec4<f32>(xs[xb + 16u]), b, c1);
-            c2 = fma(vec4<f32>(xs[xb + 32u]), b, c2);
-            c3 = fma(vec4<f32>(xs[xb + 48u]), b, c3);
+            let a = xs[kk * XS_ROW + li.y];
+            let b = ws[kk * (BN / 4u) + li.x];
+            c0 = fma(vec4<f32>(a.x), b, c0);
+            c1 = fma(vec4<f32>(a.y), b, c1);
+            c2 = fma(vec4<f32>(a.z), b, c2);
+            c3 = fma(vec4<f32>(a.w), b, c3);
         }
         workgroupBarrier();
     }
-    let col = col0 + li.x;
-    store_row(row0 + li.y, col, c0);
-    store_row(row0 + li.y + 16u, col, c1);
-    store_row(row0 + li.y + 32u, col, c2);
-    store_row(row0 + li.y + 48u, col, c3);
+    let col = col0 + 4u * li.x;
+    let row = row0 + 4u * li.y;
+    store_row(row, col, c0);
+    store_row(row + 1u, col, c1);
+    store_row(row + 2u, col, c2);
+    store_row(row + 3u, col, c3);
 }

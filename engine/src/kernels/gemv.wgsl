@@ -1,32 +1,45 @@
 // GEMV for a few rows of activations (decode steps, the last prefill position):
-// Y[m][n] (=|+=) act(sum_k X[m][k] * W[n][k] + b[n]) for m < M <= 8.
+// Y[m][n] (=|+=) act(sum_k X'[m][k] * W[n][k] + b[n]) for m < M <= 8, where X' is X or,
+// with flag 16, LayerNorm(X) with gamma, beta and eps (the norm folded into the product:
+// a decode step then needs no LayerNorm dispatch and no round trip of the normed row).
 //
 // Memory-bound: every weight word is read exactly once per dispatch and used for all M
 // rows. W is k-major ([K][N], f16 pairs packed along N, as gemm.wgsl). A workgroup is
 // 8 column pairs x 32 slices of K (CP must match GEMV_COLUMN_PAIRS in mod.rs): the threads
 // of a slice read neighbouring words of one weight row (32-byte sectors on a GPU), X is the
-// same address across them (a broadcast), and one barrier merges the slices.
+// same address across them (a broadcast), and a tree in workgroup memory merges the slices.
 // Splitting K matters on a big GPU: with one thread walking all of K per column pair, a
 // 384x1152 matrix gave 576 threads each with 384 loads in a row, 285 us per dispatch on
 // the H200; 8 slices gave 19.6 us, and the kernel lab favoured 32 slices on large matrices.
-// flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate.
+// `main_m1` is the decode step's kernel (M = 1): its accumulators are named registers and
+// eight weight words are in flight per thread (a private array indexed by a runtime row
+// count lives in slow local memory on NVIDIA's compiler). Large matrices (the logits) use
+// it compiled as 32 column pairs x 8 slices (`GEMV_WIDE` in mod.rs): the lab's 128 MiB
+// matrix read at 61 % of copy that way against 48 % with 8 x 32.
+// flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate; 16 LayerNorm.
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
     x_off: u32, x_stride: u32, y_off: u32, y_stride: u32,
+    eps: f32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> gamma: array<f32>;
+@group(0) @binding(5) var<storage, read> beta: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 const MAXM: u32 = 8u;
 const CP: u32 = 8u;
 const KG: u32 = 32u;
+const WG: u32 = 256u; // CP * KG
 
 var<workgroup> red: array<vec2<f32>, 2048>; // [KG][MAXM][CP]
+var<workgroup> rs: array<f32, 256>;
+var<workgroup> stat: array<f32, 16>; // mean[MAXM], 1/sigma[MAXM]
 
 fn finish(v0: f32, n: u32, mi: u32) {
     var v = v0;
@@ -43,12 +56,76 @@ fn finish(v0: f32, n: u32, mi: u32) {
     y[o] = v;
 }
 
-@compute @workgroup_size(8, 32)
+// `finish` with the bias and the accumulated value loaded ahead (main_m1).
+fn finish_pre(v0: f32, n: u32, b: f32, yo: f32) {
+    var v = v0 + b;
+    if ((p.flags & 2u) != 0u) {
+        v = gelu(v);
+    }
+    y[p.y_off + n] = v + yo;
+}
+
+fn ln_on() -> bool {
+    return (p.flags & 16u) != 0u;
+}
+
+// Sum of v over the workgroup (every thread gets it). Uniform control flow.
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    rs[lid] = v;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (lid < st) {
+            rs[lid] += rs[lid + st];
+        }
+        workgroupBarrier();
+    }
+    let t = rs[0];
+    workgroupBarrier();
+    return t;
+}
+
+// LayerNorm statistics of the first m rows of X into `stat` (two-pass, as layernorm.wgsl).
+fn row_stats(m: u32, lid: u32) {
+    let kf = f32(p.k);
+    for (var mi = 0u; mi < m; mi++) {
+        let xb = p.x_off + mi * p.x_stride;
+        var s = 0.0;
+        for (var c = lid; c < p.k; c += WG) {
+            s += x[xb + c];
+        }
+        let mean = wg_sum(s, lid) / kf;
+        var q = 0.0;
+        for (var c = lid; c < p.k; c += WG) {
+            let d = x[xb + c] - mean;
+            q += d * d;
+        }
+        let inv = inverseSqrt(wg_sum(q, lid) / kf + p.eps);
+        if (lid == 0u) {
+            stat[mi] = mean;
+            stat[MAXM + mi] = inv;
+        }
+    }
+    workgroupBarrier();
+}
+
+// Element k of row mi of X' (normalised when flag 16 is set).
+fn xv(mi: u32, k: u32) -> f32 {
+    let v = x[p.x_off + mi * p.x_stride + k];
+    if (ln_on()) {
+        return (v - stat[mi]) * stat[MAXM + mi] * gamma[k] + beta[k];
+    }
+    return v;
+}
+
+@compute @workgroup_size(CP, KG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
     let nw = p.n / 2u;
     let cw = (wg.x + wg.y * 32768u) * CP + li.x;
     let kg = li.y;
     let m = min(p.m, MAXM);
+    if (ln_on()) {
+        row_stats(m, kg * CP + li.x);
+    }
     let kc = (p.k + KG - 1u) / KG;
     let k0 = kg * kc;
     let k1 = min(p.k, k0 + kc);
@@ -66,19 +143,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
             let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
             let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
             for (var mi = 0u; mi < m; mi++) {
-                let xb = p.x_off + mi * p.x_stride + k;
                 var a = acc[mi];
-                a = fma(vec2<f32>(x[xb]), w0, a);
-                a = fma(vec2<f32>(x[xb + 1u]), w1, a);
-                a = fma(vec2<f32>(x[xb + 2u]), w2, a);
-                a = fma(vec2<f32>(x[xb + 3u]), w3, a);
+                a = fma(vec2<f32>(xv(mi, k)), w0, a);
+                a = fma(vec2<f32>(xv(mi, k + 1u)), w1, a);
+                a = fma(vec2<f32>(xv(mi, k + 2u)), w2, a);
+                a = fma(vec2<f32>(xv(mi, k + 3u)), w3, a);
                 acc[mi] = a;
             }
         }
         for (; k < k1; k++) {
             let wv = unpack2x16float(w[k * nw + cw]);
             for (var mi = 0u; mi < m; mi++) {
-                acc[mi] = fma(vec2<f32>(x[p.x_off + mi * p.x_stride + k]), wv, acc[mi]);
+                acc[mi] = fma(vec2<f32>(xv(mi, k)), wv, acc[mi]);
             }
         }
     }
@@ -95,5 +171,148 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
             finish(s.x, 2u * cw, mi);
             finish(s.y, 2u * cw + 1u, mi);
         }
+    }
+}
+
+@compute @workgroup_size(8, 32)
+fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
+    let nw = p.n / 2u;
+    let cw = (wg.x + wg.y * 32768u) * CP + li.x;
+    let kg = li.y;
+    let kc = (p.k + KG - 1u) / KG;
+    let k0 = kg * kc;
+    let k1 = min(p.k, k0 + kc);
+    // The first eight weight words are issued before the LayerNorm statistics (kept as raw
+    // words: unpacking them here would wait for them), so their latency overlaps it.
+    let pre = cw < nw && k0 + 8u <= k1;
+    var r0 = 0u;
+    var r1 = 0u;
+    var r2 = 0u;
+    var r3 = 0u;
+    var r4 = 0u;
+    var r5 = 0u;
+    var r6 = 0u;
+    var r7 = 0u;
+    if (pre) {
+        r0 = w[k0 * nw + cw];
+        r1 = w[(k0 + 1u) * nw + cw];
+        r2 = w[(k0 + 2u) * nw + cw];
+        r3 = w[(k0 + 3u) * nw + cw];
+        r4 = w[(k0 + 4u) * nw + cw];
+        r5 = w[(k0 + 5u) * nw + cw];
+        r6 = w[(k0 + 6u) * nw + cw];
+        r7 = w[(k0 + 7u) * nw + cw];
+    }
+    // The epilogue's bias and residual too (0 when the flags leave them out).
+    var eb = vec2<f32>(0.0, 0.0);
+    var ey = vec2<f32>(0.0, 0.0);
+    if (kg == 0u && cw < nw) {
+        if ((p.flags & 1u) != 0u) {
+            eb = vec2<f32>(bias[2u * cw], bias[2u * cw + 1u]);
+        }
+        if ((p.flags & 4u) != 0u) {
+            ey = vec2<f32>(y[p.y_off + 2u * cw], y[p.y_off + 2u * cw + 1u]);
+        }
+    }
+    if (ln_on()) {
+        row_stats(1u, kg * CP + li.x);
+    }
+    var a = vec2<f32>(0.0, 0.0);
+    var b = vec2<f32>(0.0, 0.0);
+    if (cw < nw) {
+        var k = k0;
+        if (pre) {
+            a = fma(vec2<f32>(xv(0u, k)), unpack2x16float(r0), a);
+            b = fma(vec2<f32>(xv(0u, k + 1u)), unpack2x16float(r1), b);
+            a = fma(vec2<f32>(xv(0u, k + 2u)), unpack2x16float(r2), a);
+            b = fma(vec2<f32>(xv(0u, k + 3u)), unpack2x16float(r3), b);
+            a = fma(vec2<f32>(xv(0u, k + 4u)), unpack2x16float(r4), a);
+            b = fma(vec2<f32>(xv(0u, k + 5u)), unpack2x16float(r5), b);
+            a = fma(vec2<f32>(xv(0u, k + 6u)), unpack2x16float(r6), a);
+            b = fma(vec2<f32>(xv(0u, k + 7u)), unpack2x16float(r7), b);
+            k += 8u;
+        }
+        // Sixteen words per round while they last (long slices: fc2, the logits).
+        for (; k + 16u <= k1; k += 16u) {
+            let u0 = w[(k + 0u) * nw + cw];
+            let u1 = w[(k + 1u) * nw + cw];
+            let u2 = w[(k + 2u) * nw + cw];
+            let u3 = w[(k + 3u) * nw + cw];
+            let u4 = w[(k + 4u) * nw + cw];
+            let u5 = w[(k + 5u) * nw + cw];
+            let u6 = w[(k + 6u) * nw + cw];
+            let u7 = w[(k + 7u) * nw + cw];
+            let u8 = w[(k + 8u) * nw + cw];
+            let u9 = w[(k + 9u) * nw + cw];
+            let u10 = w[(k + 10u) * nw + cw];
+            let u11 = w[(k + 11u) * nw + cw];
+            let u12 = w[(k + 12u) * nw + cw];
+            let u13 = w[(k + 13u) * nw + cw];
+            let u14 = w[(k + 14u) * nw + cw];
+            let u15 = w[(k + 15u) * nw + cw];
+            a = fma(vec2<f32>(xv(0u, k + 0u)), unpack2x16float(u0), a);
+            b = fma(vec2<f32>(xv(0u, k + 1u)), unpack2x16float(u1), b);
+            a = fma(vec2<f32>(xv(0u, k + 2u)), unpack2x16float(u2), a);
+            b = fma(vec2<f32>(xv(0u, k + 3u)), unpack2x16float(u3), b);
+            a = fma(vec2<f32>(xv(0u, k + 4u)), unpack2x16float(u4), a);
+            b = fma(vec2<f32>(xv(0u, k + 5u)), unpack2x16float(u5), b);
+            a = fma(vec2<f32>(xv(0u, k + 6u)), unpack2x16float(u6), a);
+            b = fma(vec2<f32>(xv(0u, k + 7u)), unpack2x16float(u7), b);
+            a = fma(vec2<f32>(xv(0u, k + 8u)), unpack2x16float(u8), a);
+            b = fma(vec2<f32>(xv(0u, k + 9u)), unpack2x16float(u9), b);
+            a = fma(vec2<f32>(xv(0u, k + 10u)), unpack2x16float(u10), a);
+            b = fma(vec2<f32>(xv(0u, k + 11u)), unpack2x16float(u11), b);
+            a = fma(vec2<f32>(xv(0u, k + 12u)), unpack2x16float(u12), a);
+            b = fma(vec2<f32>(xv(0u, k + 13u)), unpack2x16float(u13), b);
+            a = fma(vec2<f32>(xv(0u, k + 14u)), unpack2x16float(u14), a);
+            b = fma(vec2<f32>(xv(0u, k + 15u)), unpack2x16float(u15), b);
+        }
+        for (; k + 8u <= k1; k += 8u) {
+            let w0 = unpack2x16float(w[k * nw + cw]);
+            let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
+            let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
+            let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
+            let w4 = unpack2x16float(w[(k + 4u) * nw + cw]);
+            let w5 = unpack2x16float(w[(k + 5u) * nw + cw]);
+            let w6 = unpack2x16float(w[(k + 6u) * nw + cw]);
+            let w7 = unpack2x16float(w[(k + 7u) * nw + cw]);
+            a = fma(vec2<f32>(xv(0u, k)), w0, a);
+            b = fma(vec2<f32>(xv(0u, k + 1u)), w1, b);
+            a = fma(vec2<f32>(xv(0u, k + 2u)), w2, a);
+            b = fma(vec2<f32>(xv(0u, k + 3u)), w3, b);
+            a = fma(vec2<f32>(xv(0u, k + 4u)), w4, a);
+            b = fma(vec2<f32>(xv(0u, k + 5u)), w5, b);
+            a = fma(vec2<f32>(xv(0u, k + 6u)), w6, a);
+            b = fma(vec2<f32>(xv(0u, k + 7u)), w7, b);
+        }
+        // The rest in a block of four (a loop of single loads would wait for each).
+        if (k + 4u <= k1) {
+            let w0 = unpack2x16float(w[k * nw + cw]);
+            let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
+            let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
+            let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
+            a = fma(vec2<f32>(xv(0u, k)), w0, a);
+            b = fma(vec2<f32>(xv(0u, k + 1u)), w1, b);
+            a = fma(vec2<f32>(xv(0u, k + 2u)), w2, a);
+            b = fma(vec2<f32>(xv(0u, k + 3u)), w3, b);
+            k += 4u;
+        }
+        for (; k < k1; k++) {
+            a = fma(vec2<f32>(xv(0u, k)), unpack2x16float(w[k * nw + cw]), a);
+        }
+    }
+    let slot = kg * CP + li.x;
+    red[slot] = a + b;
+    workgroupBarrier();
+    for (var st = KG / 2u; st > 0u; st = st / 2u) {
+        if (kg < st) {
+            red[slot] += red[slot + st * CP];
+        }
+        workgroupBarrier();
+    }
+    if (kg == 0u && cw < nw) {
+        let s = red[li.x];
+        finish_pre(s.x, 2u * cw, eb.x, ey.x);
+        finish_pre(s.y, 2u * cw + 1u, eb.y, ey.y);
     }
 }

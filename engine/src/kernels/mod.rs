@@ -22,6 +22,27 @@ const SELECT_GROUPS: u64 = 64;
 /// Column pairs per GEMV workgroup (`CP` in gemv.wgsl).
 const GEMV_COLUMN_PAIRS: u32 = 8;
 
+/// Column pairs per workgroup of the wide M = 1 GEMV (and K slices: 256 / this).
+const GEMV_WIDE_COLUMN_PAIRS: u32 = 32;
+/// Matrices of at least this many bytes take the wide GEMV.
+const GEMV_WIDE_MIN_BYTES: u64 = 8 << 20;
+
+/// gemv.wgsl with `main_m1` reshaped to 32 column pairs x 8 K slices; every edit checked.
+fn gemv_wide_source() -> Result<String> {
+    let mut src = concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")).to_string();
+    for (from, to) in [
+        ("const CP: u32 = 8u;", "const CP: u32 = 32u;"),
+        ("const KG: u32 = 32u;", "const KG: u32 = 8u;"),
+        ("@workgroup_size(8, 32)\nfn main_m1", "@workgroup_size(32, 8)\nfn main_m1"),
+    ] {
+        if src.matches(from).count() != 1 {
+            return Err(Error::Invalid(format!("gemv.wgsl: expected {from:?} once for the wide GEMV")));
+        }
+        src = src.replace(from, to);
+    }
+    Ok(src)
+}
+
 /// Largest number of activation rows the GEMV kernel takes; more go to the tiled GEMM.
 pub const GEMV_MAX_ROWS: u32 = 8;
 
@@ -38,6 +59,8 @@ const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
 const GEMM_FLAG_ACCUMULATE: u32 = 4;
 const GEMM_FLAG_CONV: u32 = 8;
+/// GEMV only: LayerNorm the input rows first (gemv.wgsl).
+const GEMV_FLAG_LAYERNORM: u32 = 16;
 
 /// Split a 1-D count of workgroups into an (x, y) grid the kernels fold back with
 /// `x + y * 32768` (the per-dimension limit is 65535).
@@ -132,6 +155,29 @@ struct GemmParams {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
+struct GemvParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+    x_off: u32,
+    x_stride: u32,
+    y_off: u32,
+    y_stride: u32,
+    eps: f32,
+    _pad: [u32; 3],
+}
+
+/// A LayerNorm to apply to a linear layer's input rows first (gamma, beta, eps).
+#[derive(Clone, Copy)]
+pub struct NormArgs<'a> {
+    pub gamma: &'a Buffer,
+    pub beta: &'a Buffer,
+    pub eps: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
 struct LayerNormParams {
     rows: u32,
     cols: u32,
@@ -160,6 +206,9 @@ struct AttentionParams {
     causal_offset: u32,
     scale: f32,
     split_keys: u32,
+    /// main_split: a single split writes the normalised output itself (no merge).
+    direct: u32,
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -222,6 +271,10 @@ pub struct Kernels {
     /// convolutions (im2col reads) from the linear layers.
     conv: Arc<Kernel>,
     gemv: Arc<Kernel>,
+    /// The GEMV for one row (a decode step), named registers instead of a row array.
+    gemv_m1: Arc<Kernel>,
+    /// `gemv_m1` as 32 column pairs x 8 K slices, for large matrices (the logits).
+    gemv_m1_wide: Arc<Kernel>,
     layernorm: Arc<Kernel>,
     attention: Arc<Kernel>,
     attention_tiled: Arc<Kernel>,
@@ -244,7 +297,14 @@ impl Kernels {
         Ok(Kernels {
             gemm: gpu.kernel("gemm_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
-            gemv: gpu.kernel("gemv_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")), &[R, R, R, W])?,
+            gemv: gpu.kernel("gemv_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")), &[R, R, R, R, R, W])?,
+            gemv_m1_wide: gpu.kernel_entry("gemv_m1_wide_f16", &gemv_wide_source()?, "main_m1", &[R, R, R, R, R, W])?,
+            gemv_m1: gpu.kernel_entry(
+                "gemv_m1_f16",
+                concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")),
+                "main_m1",
+                &[R, R, R, R, R, W],
+            )?,
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
             attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
@@ -260,6 +320,77 @@ impl Kernels {
         })
     }
 
+    /// y[r] (=|+=) act(LayerNorm(x[r]) · Wᵀ + b) for `m` rows of width w.k (contiguous in
+    /// `x`): for a few rows the norm is folded into the GEMV (one dispatch); otherwise
+    /// `scratch` receives the normed rows first (LayerNorm kernel, then the tiled GEMM).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_ln(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: NormArgs,
+        scratch: &Buffer,
+        w: &F16Matrix,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        if m <= GEMV_MAX_ROWS {
+            return self.gemv(rec, x, m, Some(norm), w, bias, y, ep);
+        }
+        if x.stride != w.k {
+            return Err(Error::Invalid(format!("linear_ln: rows of stride {} for a width of {}", x.stride, w.k)));
+        }
+        self.layer_norm(rec, x.buf, x.off, m, w.k, norm.gamma, norm.beta, scratch, 0, norm.eps)?;
+        self.linear(rec, Rows::new(scratch, w.k as usize), m, w, bias, y, ep)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemv(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: Option<NormArgs>,
+        w: &F16Matrix,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
+            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
+            | if norm.is_some() { GEMV_FLAG_LAYERNORM } else { 0 };
+        let params = GemvParams {
+            m,
+            n: w.n,
+            k: w.k,
+            flags,
+            x_off: x.off,
+            x_stride: x.stride,
+            y_off: y.off,
+            y_stride: y.stride,
+            eps: norm.map_or(0.0, |n| n.eps),
+            _pad: [0; 3],
+        };
+        let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
+        if norm.is_some() {
+            cost.bytes += w.k as u64 * 8;
+        }
+        let b = bias.unwrap_or(&self.zero);
+        let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
+        let (kernel, cp) = if m > 1 {
+            (&self.gemv, GEMV_COLUMN_PAIRS)
+        } else if w.bytes() >= GEMV_WIDE_MIN_BYTES {
+            (&self.gemv_m1_wide, GEMV_WIDE_COLUMN_PAIRS)
+        } else {
+            (&self.gemv_m1, GEMV_COLUMN_PAIRS)
+        };
+        let g = grid_1d((w.n / 2).div_ceil(cp));
+        rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
+    }
+
     /// y[r] (=|+=) act(x[r] · Wᵀ + b) for `m` rows: the GEMV kernel for a few rows (decode),
     /// the tiled GEMM otherwise.
     pub fn linear(
@@ -272,6 +403,9 @@ impl Kernels {
         y: Rows,
         ep: Epilogue,
     ) -> Result<()> {
+        if m <= GEMV_MAX_ROWS {
+            return self.gemv(rec, x, m, None, w, bias, y, ep);
+        }
         let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
             | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
             | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
@@ -291,13 +425,8 @@ impl Kernels {
         };
         let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
-        if m <= GEMV_MAX_ROWS {
-            let g = grid_1d((w.n / 2).div_ceil(GEMV_COLUMN_PAIRS));
-            rec.dispatch(&self.gemv, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], [g[0], g[1], 1], cost)
-        } else {
-            let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
-            rec.dispatch(&self.gemm, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
-        }
+        let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
+        rec.dispatch(&self.gemm, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
     }
 
     /// Kernel-3, padding-1 convolution as a GEMM over an in-place im2col view:
@@ -371,13 +500,18 @@ impl Kernels {
     /// Attention for `a`: the tiled kernel for many queries, the split (flash-decoding)
     /// kernels for a few, the chunked online-softmax kernel when neither fits.
     pub fn attention(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
-        let (params, cost) = attention_params(a)?;
-        let p = bytemuck::bytes_of(&params);
+        let (mut params, cost) = attention_params(a)?;
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
+        if a.tq <= ATTENTION_TILED_MIN_QUERIES && n_splits == 1 {
+            // Keys fit one split (a decode step's self-attention): one dispatch, no merge.
+            params.direct = 1;
+            return rec.dispatch(&self.attention_split, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, 1], cost);
+        }
+        let p = bytemuck::bytes_of(&params);
         if a.tq > ATTENTION_TILED_MIN_QUERIES && a.head_dim <= 64 && a.head_dim % 4 == 0 {
             return rec.dispatch(&self.attention_tiled, p, &bufs, [a.tq.div_ceil(32), a.heads, 1], cost);
         }
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
         let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
         if a.tq <= ATTENTION_TILED_MIN_QUERIES && partials <= ATTENTION_PARTIALS_FLOATS {
             let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
@@ -461,6 +595,8 @@ fn attention_params(a: &AttentionArgs) -> Result<(AttentionParams, Cost)> {
         causal_offset: a.causal.unwrap_or(0),
         scale: 1.0 / (a.head_dim as f32).sqrt(),
         split_keys: ATTENTION_SPLIT_KEYS,
+        direct: 0,
+        _pad: [0; 3],
     };
     let hd = a.heads as u64 * a.head_dim as u64;
     let cost = Cost {

@@ -59,11 +59,66 @@ fn run_linear(r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bo
 #[test]
 fn linear_gemv_matches_reference() {
     let mut r = rng("linear_gemv");
-    for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (3, 70, 17), (8, 66, 131), (2, 258, 384), (1, 2100, 7)] {
+    for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (3, 70, 17), (8, 66, 131), (2, 258, 384), (1, 2100, 7), (1, 4098, 1025)] {
+        // (the last is over 8 MiB: the wide M = 1 GEMV)
         run_linear(&mut r, m, n, k, true, false, false);
     }
     run_linear(&mut r, 1, 78, 61, true, true, false);
     run_linear(&mut r, 5, 34, 39, false, false, true);
+    // One row: the epilogue's bias and residual are loaded ahead in main_m1.
+    run_linear(&mut r, 1, 34, 39, true, false, true);
+    run_linear(&mut r, 1, 40, 50, false, true, true);
+}
+
+fn run_linear_ln(r: &mut StdRng, m: usize, n: usize, k: usize, gelu: bool, accumulate: bool) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    // A large mean, as a transformer's residual stream has.
+    let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 3.0).collect();
+    let gm = rand_vec(r, k, 1.0);
+    let bt = rand_vec(r, k, 0.5);
+    let w = f16_round(&rand_vec(r, n * k, 0.5));
+    let b = rand_vec(r, n, 0.5);
+    let y0 = rand_vec(r, m * n, 1.0);
+    let xb = g.upload_f32("x", &x).unwrap();
+    let gb = g.upload_f32("gamma", &gm).unwrap();
+    let bb_ = g.upload_f32("beta", &bt).unwrap();
+    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let scratch = poisoned(m * k);
+    let yb = poisoned(m * n);
+    if accumulate {
+        g.write(&yb, 0, bytemuck::cast_slice(&y0));
+    }
+    let mut rec = g.recorder();
+    let norm = NormArgs { gamma: &gb, beta: &bb_, eps: 1e-5 };
+    kern.linear_ln(&mut rec, Rows::new(&xb, k), m as u32, norm, &scratch, &wm, Some(&bb), Rows::new(&yb, n), Epilogue { gelu, accumulate })
+        .unwrap();
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&yb, 0, m * n).unwrap();
+    let xn = ops::layer_norm(&x, m, k, &gm, &bt, 1e-5);
+    let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
+    for (i, v) in want.iter_mut().enumerate() {
+        if gelu {
+            *v = ops::gelu(*v);
+        }
+        if accumulate {
+            *v += y0[i];
+        }
+    }
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "linear_ln m={m} n={n} k={k} gelu={gelu} acc={accumulate}: rel err {e}");
+}
+
+#[test]
+fn linear_ln_matches_reference() {
+    let mut r = rng("linear_ln");
+    // GEMV with the norm folded in (M = 1 and a few rows), and the LayerNorm + GEMM path.
+    for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (1, 1154, 384), (3, 70, 300), (8, 66, 131), (11, 34, 77), (1, 4098, 1025)] {
+        run_linear_ln(&mut r, m, n, k, false, false);
+    }
+    run_linear_ln(&mut r, 1, 78, 61, true, false);
+    run_linear_ln(&mut r, 2, 34, 39, false, true);
 }
 
 #[test]

@@ -6,11 +6,13 @@
 //!   LayerNorm → every decoder layer's cross-attention K|V, computed once per window. One
 //!   submission.
 //! - `advance(tokens)`: all new positions in one pass (prefill when several): embed →
-//!   per layer {LN, fused QKV, append K and V to the cache, causal attention over the
-//!   cache, out-proj + residual, LN, cross-attention query, attention over the window's
-//!   K|V, out-proj + residual, LN, FFN with GELU, + residual} → final LN of the last
-//!   position → logits (tied embeddings) → masked selection. One submission and a 32-byte
-//!   readback per call; the logits stay on the GPU.
+//!   per layer {LN + fused QKV written straight into the q|k|v cache, causal attention
+//!   over the cache, out-proj + residual, LN + cross-attention query, attention over the
+//!   window's K|V, out-proj + residual, LN + FFN with GELU, + residual} → final LN + logits
+//!   of the last position (tied embeddings) → masked selection. For a few positions each
+//!   "LN +" is one GEMV dispatch (the norm folded in) and an attention over at most 256
+//!   keys one dispatch: 9 per layer. One submission and a 32-byte readback per call; the
+//!   logits stay on the GPU.
 
 use std::sync::Arc;
 
@@ -19,13 +21,60 @@ use wgpu::Buffer;
 use super::checkpoint::Checkpoint;
 use super::Dims;
 use crate::decode::{LogitSource, StepRules, StepScores};
-use crate::gpu::{DispatchCache, Gpu, Profile};
+use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
-    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, Rows,
+    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, NormArgs, Rows,
+    SelectParams,
 };
 use crate::{Error, Result};
 
 const LN_EPS: f32 = 1e-5;
+
+/// The decoder's scratch and output buffers, borrowed field by field (so the dispatch
+/// cache can be borrowed mutably beside them).
+struct DecBufs<'a> {
+    tokens: &'a Buffer,
+    emb: &'a F16Matrix,
+    dec_pos: &'a Buffer,
+    dec_x: &'a Buffer,
+    dec_xn: &'a Buffer,
+    dec_q: &'a Buffer,
+    dec_attn: &'a Buffer,
+    dec_h: &'a Buffer,
+    dec_norm: &'a Norm,
+    logits: &'a Buffer,
+    suppress: &'a Buffer,
+    select_out: &'a Buffer,
+    readback: &'a Buffer,
+}
+
+macro_rules! dec_bufs {
+    ($s:ident) => {
+        DecBufs {
+            tokens: &$s.tokens,
+            emb: &$s.emb,
+            dec_pos: &$s.dec_pos,
+            dec_x: &$s.dec_x,
+            dec_xn: &$s.dec_xn,
+            dec_q: &$s.dec_q,
+            dec_attn: &$s.dec_attn,
+            dec_h: &$s.dec_h,
+            dec_norm: &$s.dec_norm,
+            logits: &$s.logits,
+            suppress: &$s.suppress,
+            select_out: &$s.select_out,
+            readback: &$s.readback,
+        }
+    };
+}
+
+/// A single-token decode step encoded ahead (see `decode_positions`): the position it is
+/// for, the command buffer, and where its two selection dispatches read their parameters.
+struct PendingStep {
+    pos0: usize,
+    enc: Encoded,
+    select_slots: Vec<(Buffer, u64)>,
+}
 
 struct Norm {
     gamma: Buffer,
@@ -57,8 +106,9 @@ struct DecoderLayer {
     ffn_norm: Norm,
     fc1: Linear,
     fc2: Linear,
-    k_cache: Buffer,
-    v_cache: Buffer,
+    /// Every position's q | k | v, [text_ctx][3d]: the fused projection writes its output
+    /// here directly, so appending to the KV cache costs no copy dispatch.
+    qkv_cache: Buffer,
     /// This window's cross-attention keys | values, [audio_ctx][2d].
     enc_kv: Buffer,
 }
@@ -87,7 +137,6 @@ pub struct GpuWhisper {
     enc_h: Buffer,
     dec_x: Buffer,
     dec_xn: Buffer,
-    dec_qkv: Buffer,
     dec_q: Buffer,
     dec_attn: Buffer,
     dec_h: Buffer,
@@ -102,8 +151,17 @@ pub struct GpuWhisper {
     window_ready: bool,
     /// Per-kernel records (GPU times when the device has timestamps and profiling is on).
     pub profile: Profile,
+    /// Host-side split of `advance`: seconds recording + submitting, seconds waiting for
+    /// the GPU and the readback, and the number of calls (for `verbatim bench`).
+    pub host_times: (f64, f64, u64),
+    /// The next single-token step, encoded while the last one ran.
+    pending: Option<PendingStep>,
     enc_cache: DispatchCache,
     dec_cache: DispatchCache,
+}
+
+fn ln(n: &Norm) -> NormArgs<'_> {
+    NormArgs { gamma: &n.gamma, beta: &n.beta, eps: LN_EPS }
 }
 
 fn norm(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Norm> {
@@ -164,7 +222,7 @@ impl GpuWhisper {
             });
         }
         let mut dec_layers = Vec::with_capacity(dims.decoder_layers);
-        let cache = (dims.text_ctx * d * 4) as u64;
+        let cache = (dims.text_ctx * 3 * d * 4) as u64;
         for i in 0..dims.decoder_layers {
             let p = format!("decoder/layer_{i}");
             dec_layers.push(DecoderLayer {
@@ -178,8 +236,7 @@ impl GpuWhisper {
                 ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
                 fc1: linear(g, ck, &format!("{p}/ffn/linear_0"))?,
                 fc2: linear(g, ck, &format!("{p}/ffn/linear_1"))?,
-                k_cache: g.buffer("k cache", cache)?,
-                v_cache: g.buffer("v cache", cache)?,
+                qkv_cache: g.buffer("q|k|v cache", cache)?,
                 enc_kv: g.buffer("cross k|v", (dims.audio_ctx * 2 * d * 4) as u64)?,
             });
         }
@@ -208,7 +265,6 @@ impl GpuWhisper {
             enc_h: g.buffer("encoder hidden", f32s((a * f).max(2 * a * d)))?,
             dec_x: g.buffer("decoder x", f32s(t * d))?,
             dec_xn: g.buffer("decoder x normed", f32s(t * d))?,
-            dec_qkv: g.buffer("decoder qkv", f32s(t * 3 * d))?,
             dec_q: g.buffer("decoder cross q", f32s(t * d))?,
             dec_attn: g.buffer("decoder attention", f32s(t * d))?,
             dec_h: g.buffer("decoder hidden", f32s(t * f))?,
@@ -225,6 +281,8 @@ impl GpuWhisper {
             kv_len: 0,
             window_ready: false,
             profile: Profile::default(),
+            host_times: (0.0, 0.0, 0),
+            pending: None,
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
             gpu,
@@ -326,70 +384,40 @@ impl GpuWhisper {
         if let Some(&bad) = tokens.iter().find(|&&t| t >= vocab) {
             return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary of {vocab}")));
         }
+        let t_record = std::time::Instant::now();
         let g = self.gpu.clone();
         g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
-        let k = &self.kern;
-        let d = self.dims.d_model;
-        let du = d as u32;
-        let (m, p0) = (n as u32, pos0 as u32);
-        let heads = self.dims.n_heads as u32;
-        let hd = self.dims.head_dim() as u32;
-        let (acc, plain) = (Epilogue { gelu: false, accumulate: true }, Epilogue::default());
-        let gelu = Epilogue { gelu: true, accumulate: false };
-        // The same dispatches on the same buffers every step: bind groups are built once.
-        let mut rec = g.recorder_cached(&mut self.dec_cache);
-        rec.stage(if n > 1 { "prefill" } else { "decode" });
-        k.embed(&mut rec, &self.tokens, m, &self.emb, &self.dec_pos, p0, &self.dec_x)?;
-        for l in &self.dec_layers {
-            k.layer_norm(&mut rec, &self.dec_x, 0, m, du, &l.self_norm.gamma, &l.self_norm.beta, &self.dec_xn, 0, LN_EPS)?;
-            k.linear(&mut rec, Rows::new(&self.dec_xn, d), m, &l.qkv.w, Some(&l.qkv.b), Rows::new(&self.dec_qkv, 3 * d), plain)?;
-            k.copy_rows(&mut rec, Rows::at(&self.dec_qkv, d, 3 * d), Rows::at(&l.k_cache, pos0 * d, d), m, du)?;
-            k.copy_rows(&mut rec, Rows::at(&self.dec_qkv, 2 * d, 3 * d), Rows::at(&l.v_cache, pos0 * d, d), m, du)?;
-            k.attention(
-                &mut rec,
-                &AttentionArgs {
-                    q: Rows::at(&self.dec_qkv, 0, 3 * d),
-                    k: Rows::new(&l.k_cache, d),
-                    v: Rows::new(&l.v_cache, d),
-                    out: Rows::new(&self.dec_attn, d),
-                    tq: m,
-                    tk: p0 + m,
-                    heads,
-                    head_dim: hd,
-                    causal: Some(p0),
-                },
-            )?;
-            k.linear(&mut rec, Rows::new(&self.dec_attn, d), m, &l.self_out.w, Some(&l.self_out.b), Rows::new(&self.dec_x, d), acc)?;
-            k.layer_norm(&mut rec, &self.dec_x, 0, m, du, &l.cross_norm.gamma, &l.cross_norm.beta, &self.dec_xn, 0, LN_EPS)?;
-            k.linear(&mut rec, Rows::new(&self.dec_xn, d), m, &l.cross_q.w, Some(&l.cross_q.b), Rows::new(&self.dec_q, d), plain)?;
-            k.attention(
-                &mut rec,
-                &AttentionArgs {
-                    q: Rows::new(&self.dec_q, d),
-                    k: Rows::at(&l.enc_kv, 0, 2 * d),
-                    v: Rows::at(&l.enc_kv, d, 2 * d),
-                    out: Rows::new(&self.dec_attn, d),
-                    tq: m,
-                    tk: self.dims.audio_ctx as u32,
-                    heads,
-                    head_dim: hd,
-                    causal: None,
-                },
-            )?;
-            k.linear(&mut rec, Rows::new(&self.dec_attn, d), m, &l.cross_out.w, Some(&l.cross_out.b), Rows::new(&self.dec_x, d), acc)?;
-            k.layer_norm(&mut rec, &self.dec_x, 0, m, du, &l.ffn_norm.gamma, &l.ffn_norm.beta, &self.dec_xn, 0, LN_EPS)?;
-            k.linear(&mut rec, Rows::new(&self.dec_xn, d), m, &l.fc1.w, Some(&l.fc1.b), Rows::new(&self.dec_h, self.dims.ffn), gelu)?;
-            k.linear(&mut rec, Rows::new(&self.dec_h, self.dims.ffn), m, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.dec_x, d), acc)?;
-        }
-        // Only the last position's logits are needed.
-        let last = (m - 1) * du;
-        k.layer_norm(&mut rec, &self.dec_x, last, 1, du, &self.dec_norm.gamma, &self.dec_norm.beta, &self.dec_xn, 0, LN_EPS)?;
-        k.linear(&mut rec, Rows::new(&self.dec_xn, d), 1, &self.emb, None, Rows::new(&self.logits, self.dims.vocab), plain)?;
         let sp = select_params(rules, vocab, self.ts_begin, self.eot, 0);
-        k.select(&mut rec, &self.logits, &self.suppress, &sp, &self.select_out)?;
-        rec.copy(&self.select_out, 0, &self.readback, 0, 32);
-        rec.submit(Some(&mut self.profile))?;
+        // Untimed, a single-token step is encoded while the previous one runs (below) and
+        // only its token and selection rules are written now.
+        let pipelined = !g.timing_dispatches();
+        match self.pending.take() {
+            Some(p) if pipelined && n == 1 && p.pos0 == pos0 => {
+                for (buf, off) in &p.select_slots {
+                    g.queue.write_buffer(buf, *off, bytemuck::bytes_of(&sp));
+                }
+                p.enc.submit(&g, Some(&mut self.profile))?;
+            }
+            _ => {
+                if pipelined {
+                    self.record_step(n, pos0, &sp)?.enc.submit(&g, Some(&mut self.profile))?;
+                } else {
+                    self.record_step_timed(n, pos0, &sp)?;
+                }
+            }
+        }
+        let t_submitted = std::time::Instant::now();
+        if pipelined && pos0 + n < self.dims.text_ctx {
+            // The next step's dispatches, parameters and bind groups while the GPU works; its
+            // token and rules follow in the next call (a step that never comes is dropped).
+            self.pending = Some(self.record_step(1, pos0 + n, &sp)?);
+        }
+        let t_wait = std::time::Instant::now();
         g.map_and_wait(&self.readback)?;
+        // (The encoding of the next step, between the two, overlaps the GPU's work.)
+        self.host_times.0 += (t_submitted - t_record).as_secs_f64();
+        self.host_times.1 += t_wait.elapsed().as_secs_f64();
+        self.host_times.2 += 1;
         let words: Vec<u32> = {
             let view = self.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading scores back: {e}")))?;
             bytemuck::pod_collect_to_vec(&view)
@@ -397,6 +425,96 @@ impl GpuWhisper {
         self.readback.unmap();
         self.kv_len += n;
         Ok(scores_from_words(&words))
+    }
+
+    /// Record the decoder over `n` positions from `pos0` (tokens already in `tokens`), the
+    /// logits of the last and the selection with `sp`, and encode it without submitting.
+    fn record_step(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<PendingStep> {
+        let g = self.gpu.clone();
+        let mut rec = g.recorder_cached(&mut self.dec_cache);
+        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, sp)?;
+        let select_slots = rec.last_param_slots(2);
+        Ok(PendingStep { pos0, enc: rec.encode()?, select_slots })
+    }
+
+    /// The same, submitted with a timestamp per dispatch (profiling).
+    fn record_step_timed(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<()> {
+        let g = self.gpu.clone();
+        let mut rec = g.recorder_cached(&mut self.dec_cache);
+        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, sp)?;
+        rec.submit(Some(&mut self.profile))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_decoder(
+        k: &Kernels,
+        dims: &Dims,
+        dec_layers: &[DecoderLayer],
+        b: &DecBufs,
+        rec: &mut Recorder,
+        n: usize,
+        pos0: usize,
+        sp: &SelectParams,
+    ) -> Result<()> {
+        let d = dims.d_model;
+        let (m, p0) = (n as u32, pos0 as u32);
+        let heads = dims.n_heads as u32;
+        let hd = dims.head_dim() as u32;
+        let (acc, plain) = (Epilogue { gelu: false, accumulate: true }, Epilogue::default());
+        let gelu = Epilogue { gelu: true, accumulate: false };
+        // The same dispatches on the same buffers every step: bind groups are built once.
+        rec.stage(if n > 1 { "prefill" } else { "decode" });
+        k.embed(rec, &b.tokens, m, &b.emb, &b.dec_pos, p0, &b.dec_x)?;
+        let x = Rows::new(&b.dec_x, d);
+        let s3 = 3 * d;
+        // Per layer: the LayerNorms are folded into the GEMVs that read them (for a few rows;
+        // more rows go through the LayerNorm kernel into `dec_xn` and the tiled GEMM).
+        for l in dec_layers {
+            let qkv = Rows::at(&l.qkv_cache, pos0 * s3, s3);
+            k.linear_ln(rec, x, m, ln(&l.self_norm), &b.dec_xn, &l.qkv.w, Some(&l.qkv.b), qkv, plain)?;
+            k.attention(
+                rec,
+                &AttentionArgs {
+                    q: qkv,
+                    k: Rows::at(&l.qkv_cache, d, s3),
+                    v: Rows::at(&l.qkv_cache, 2 * d, s3),
+                    out: Rows::new(&b.dec_attn, d),
+                    tq: m,
+                    tk: p0 + m,
+                    heads,
+                    head_dim: hd,
+                    causal: Some(p0),
+                },
+            )?;
+            k.linear(rec, Rows::new(&b.dec_attn, d), m, &l.self_out.w, Some(&l.self_out.b), x, acc)?;
+            let q = Rows::new(&b.dec_q, d);
+            k.linear_ln(rec, x, m, ln(&l.cross_norm), &b.dec_xn, &l.cross_q.w, Some(&l.cross_q.b), q, plain)?;
+            k.attention(
+                rec,
+                &AttentionArgs {
+                    q,
+                    k: Rows::at(&l.enc_kv, 0, 2 * d),
+                    v: Rows::at(&l.enc_kv, d, 2 * d),
+                    out: Rows::new(&b.dec_attn, d),
+                    tq: m,
+                    tk: dims.audio_ctx as u32,
+                    heads,
+                    head_dim: hd,
+                    causal: None,
+                },
+            )?;
+            k.linear(rec, Rows::new(&b.dec_attn, d), m, &l.cross_out.w, Some(&l.cross_out.b), x, acc)?;
+            let h = Rows::new(&b.dec_h, dims.ffn);
+            k.linear_ln(rec, x, m, ln(&l.ffn_norm), &b.dec_xn, &l.fc1.w, Some(&l.fc1.b), h, gelu)?;
+            k.linear(rec, h, m, &l.fc2.w, Some(&l.fc2.b), x, acc)?;
+        }
+        // Only the last position's logits are needed: final LayerNorm folded into them.
+        let last = Rows::at(&b.dec_x, (n - 1) * d, d);
+        let logits = Rows::new(&b.logits, dims.vocab);
+        k.linear_ln(rec, last, 1, ln(&b.dec_norm), &b.dec_xn, &b.emb, None, logits, plain)?;
+        k.select(rec, b.logits, b.suppress, sp, b.select_out)?;
+        rec.copy(&b.select_out, 0, &b.readback, 0, 32);
+        Ok(())
     }
 }
 
@@ -408,6 +526,7 @@ impl LogitSource for GpuWhisper {
             return Err(Error::Invalid(format!("a window of {} mel values; the encoder takes {want}", mel.len())));
         }
         self.window_ready = false;
+        self.pending = None;
         self.encode(mel)?;
         self.kv_len = 0;
         self.window_ready = true;

@@ -1,0 +1,419 @@
+//! `verbatim bench`: how fast the Whisper path runs on this GPU, as numbers to put beside
+//! whisper.cpp's. On a real model directory (`--model`, default the fetched tiny.en) or
+//! random weights of a named geometry made on this machine (`--synthetic tiny|base|small|
+//! medium|large-v3`, so nothing large travels):
+//!
+//! - encoder ms per 30 s window (random log-mel; the work does not depend on the values);
+//! - decode ms/token over `--steps` forced steps (one submit + wait each, as the decoding
+//!   loop does), prefill ms/token for 4 and 64 positions;
+//! - dispatches per decode step (the recorder's count);
+//! - the per-kernel table from timestamp queries (one pass per dispatch while timing, so a
+//!   dispatch's time includes a pass boundary), GB/s and % of a copy ceiling measured in
+//!   the same run (a vec4 copy kernel over two large buffers);
+//! - with `--file`, end-to-end time and real-time factor of transcribing it.
+//!
+//! Every figure is the minimum over `--batches` timed batches (after a warm-up), with the
+//! spread (max / min) beside it. A binary, never a timed test.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::ValueEnum;
+use engine::decode::{LogitSource, StepRules};
+use engine::gpu::{Access, Cost, Gpu, GpuOptions, Profile};
+use engine::models::whisper::checkpoint::{write_synthetic, Checkpoint};
+use engine::models::whisper::ct2::DType;
+use engine::models::whisper::gpu::GpuWhisper;
+use engine::models::whisper::Dims;
+use engine::pipeline::{Options, Transcriber};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A CTranslate2 Whisper model directory [default: the fetched tiny.en].
+    #[arg(long, value_name = "DIR", conflicts_with = "synthetic")]
+    model: Option<PathBuf>,
+
+    /// Random weights of this geometry, written to a temporary directory first.
+    #[arg(long, value_enum, value_name = "GEOMETRY")]
+    synthetic: Option<Geometry>,
+
+    /// Forced decode steps per batch.
+    #[arg(long, default_value_t = 256)]
+    steps: usize,
+
+    /// Timed batches (the minimum is reported, with the spread).
+    #[arg(long, default_value_t = 5)]
+    batches: usize,
+
+    /// Also transcribe this file (needs a real model directory) and report its time and RTF.
+    #[arg(long, value_name = "WAV")]
+    file: Option<PathBuf>,
+
+    /// Copy-ceiling buffer size in MiB (clamped to the adapter's binding limit).
+    #[arg(long, default_value_t = 512)]
+    copy_mib: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Geometry {
+    Tiny,
+    Base,
+    Small,
+    Medium,
+    #[value(name = "large-v3")]
+    LargeV3,
+}
+
+impl Geometry {
+    fn name(self) -> &'static str {
+        match self {
+            Geometry::Tiny => "tiny",
+            Geometry::Base => "base",
+            Geometry::Small => "small",
+            Geometry::Medium => "medium",
+            Geometry::LargeV3 => "large-v3",
+        }
+    }
+
+    fn dims(self) -> Dims {
+        let (d, heads, layers, n_mels, vocab) = match self {
+            Geometry::Tiny => (384, 6, 4, 80, 51864),
+            Geometry::Base => (512, 8, 6, 80, 51864),
+            Geometry::Small => (768, 12, 12, 80, 51864),
+            Geometry::Medium => (1024, 16, 24, 80, 51864),
+            Geometry::LargeV3 => (1280, 20, 32, 128, 51866),
+        };
+        Dims {
+            n_mels,
+            d_model: d,
+            n_heads: heads,
+            encoder_layers: layers,
+            decoder_layers: layers,
+            ffn: 4 * d,
+            vocab,
+            audio_ctx: 1500,
+            text_ctx: 448,
+        }
+    }
+}
+
+/// Minimum and spread (max / min) of a set of timings.
+struct Stat {
+    min: f64,
+    spread: f64,
+}
+
+fn stat(v: &[f64]) -> Stat {
+    let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
+    let max = v.iter().cloned().fold(0.0, f64::max);
+    Stat { min, spread: if min > 0.0 { max / min } else { 0.0 } }
+}
+
+pub fn run(args: Args) -> ExitCode {
+    match bench(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("verbatim bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Special-token ids the selection needs: eot, timestamp_begin, no_speech.
+fn specials(dir: &Path, vocab: u32, synthetic: bool) -> Result<(u32, u32, u32), String> {
+    if synthetic {
+        // The layouts of the real vocabularies (English-only and multilingual).
+        return Ok(match vocab {
+            51864 => (50256, 50363, 50361),
+            51865 => (50257, 50364, 50362),
+            _ => (50257, 50365, 50363),
+        });
+    }
+    let ck_tok = dir.join("tokenizer.json");
+    let tok = engine::decode::tokenizer::WhisperTokenizer::from_file(&ck_tok, vocab).map_err(|e| e.to_string())?;
+    let sp = tok.special();
+    Ok((sp.eot, sp.timestamp_begin, sp.no_speech))
+}
+
+fn bench(args: &Args) -> Result<(), String> {
+    let batches = args.batches.max(1);
+    let gpu = Arc::new(Gpu::new(&GpuOptions { profile: true, ..Default::default() }).map_err(|e| e.to_string())?);
+    gpu.pause_profiling(true);
+    println!("adapter: {} ({}, {})", gpu.info.name, gpu.info.backend, gpu.info.driver);
+
+    // The model.
+    let t = Instant::now();
+    let (dir, synthetic) = match (args.synthetic, &args.model) {
+        (Some(g), _) => {
+            let dir = std::env::temp_dir().join(format!("verbatim-bench-{}", g.name()));
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            if !dir.join("model.bin").is_file() {
+                write_synthetic(&dir, &g.dims(), DType::F16, 1)
+                    .map_err(|e| format!("cannot write a synthetic model to {}: {e}", dir.display()))?;
+            }
+            (dir, true)
+        }
+        (None, Some(dir)) => (dir.clone(), false),
+        (None, None) => (engine::models::whisper::default_model_dir(), false),
+    };
+    let ck = Checkpoint::open(&dir).map_err(|e| e.to_string())?;
+    let dims = ck.dims;
+    let (eot, ts_begin, no_speech) = specials(&dir, dims.vocab as u32, synthetic)?;
+    let mut model = GpuWhisper::load(gpu.clone(), &ck, eot, ts_begin).map_err(|e| e.to_string())?;
+    drop(ck);
+    println!(
+        "model: {} ({}; d {}, {} heads, {}+{} layers, vocab {}), loaded in {:.2} s",
+        dir.display(),
+        if synthetic { "synthetic f16" } else { "checkpoint" },
+        dims.d_model,
+        dims.n_heads,
+        dims.encoder_layers,
+        dims.decoder_layers,
+        dims.vocab,
+        t.elapsed().as_secs_f64()
+    );
+
+    // Random log-mel in Whisper's range.
+    let n_mel = dims.n_mels * 2 * dims.audio_ctx;
+    let mut s = 0x1234_5678u32;
+    let mel: Vec<f32> = (0..n_mel)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect();
+    let rules = StepRules {
+        mask_text: false,
+        mask_non_timestamps: false,
+        ts_lo: ts_begin,
+        ts_hi: dims.vocab as u32,
+        extra_suppress: [u32::MAX; 2],
+        probe: no_speech,
+    };
+    let err = |e: engine::Error| e.to_string();
+    let text_token = |i: usize| 400 + (i as u32 * 37) % 20000;
+
+    // Encoder.
+    model.begin_window(&mel).map_err(err)?; // warm-up (pipelines, bind groups)
+    let mut enc = Vec::new();
+    for _ in 0..batches {
+        let t = Instant::now();
+        let reps = 3;
+        for _ in 0..reps {
+            model.begin_window(&mel).map_err(err)?;
+        }
+        enc.push(t.elapsed().as_secs_f64() * 1e3 / reps as f64);
+    }
+
+    // Prefill (4 and 64 positions from 0) and forced decode steps.
+    let steps = args.steps.min(dims.text_ctx - 4);
+    let prompt4: Vec<u32> = (0..4).map(text_token).collect();
+    let prompt64: Vec<u32> = (0..64).map(text_token).collect();
+    let (mut pre4, mut pre64, mut dec) = (Vec::new(), Vec::new(), Vec::new());
+    let mut per_step_dispatches = 0.0;
+    let mut host_split = Vec::new();
+    for b in 0..=batches {
+        model.begin_window(&mel).map_err(err)?;
+        let t = Instant::now();
+        model.advance(&prompt64, &rules).map_err(err)?;
+        let p64 = t.elapsed().as_secs_f64() * 1e3 / 64.0;
+        model.begin_window(&mel).map_err(err)?;
+        let t = Instant::now();
+        model.advance(&prompt4, &rules).map_err(err)?;
+        let p4 = t.elapsed().as_secs_f64() * 1e3 / 4.0;
+        let before = model.profile.total_dispatches();
+        model.host_times = (0.0, 0.0, 0);
+        let t = Instant::now();
+        for i in 0..steps {
+            model.advance(&[text_token(i + 4)], &rules).map_err(err)?;
+        }
+        let d = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        per_step_dispatches = (model.profile.total_dispatches() - before) as f64 / steps as f64;
+        let (rs, ws, n) = model.host_times;
+        if b > 0 {
+            host_split.push((d, rs * 1e3 / n.max(1) as f64, ws * 1e3 / n.max(1) as f64));
+            // Batch 0 is the warm-up (bind groups of every KV length's dispatch shapes).
+            pre4.push(p4);
+            pre64.push(p64);
+            dec.push(d);
+        }
+    }
+
+    // Copy ceiling, then the per-kernel table (timestamps on).
+    let copy_gbs = copy_ceiling(&gpu, args.copy_mib, batches)?;
+    gpu.pause_profiling(false);
+    model.profile.clear();
+    let prof_steps = 64.min(steps);
+    model.begin_window(&mel).map_err(err)?;
+    model.advance(&prompt4, &rules).map_err(err)?;
+    for i in 0..prof_steps {
+        model.advance(&[text_token(i + 4)], &rules).map_err(err)?;
+    }
+    gpu.pause_profiling(true);
+    let profile = model.profile.clone();
+
+    // End to end.
+    let mut file_line = None;
+    if let Some(file) = &args.file {
+        if synthetic {
+            return Err("--file needs a real model directory (--model), not --synthetic".into());
+        }
+        drop(model);
+        let mut tr = Transcriber::load(gpu.clone(), &dir).map_err(err)?;
+        let opts = Options::default();
+        let mut times = Vec::new();
+        let mut last = None;
+        for _ in 0..=batches {
+            let t = Instant::now();
+            let tx = tr.transcribe_file(file, &opts).map_err(err)?;
+            times.push(t.elapsed().as_secs_f64());
+            last = Some(tx);
+        }
+        times.remove(0);
+        let tx = last.expect("at least one run");
+        let st = stat(&times);
+        file_line = Some(format!(
+            "| end to end: {} ({:.1} s audio, {} tokens) | {:.1} ms | {:.2} | RTF {:.5} |",
+            file.display(),
+            tx.audio_seconds,
+            tx.tokens,
+            st.min * 1e3,
+            st.spread,
+            st.min / tx.audio_seconds
+        ));
+    }
+
+    // Report.
+    println!();
+    println!("| measure | min | spread | note |");
+    println!("|---|---:|---:|---|");
+    let e = stat(&enc);
+    println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, one submit + wait |", e.min, e.spread);
+    let p4 = stat(&pre4);
+    let p64 = stat(&pre64);
+    println!("| prefill 4 positions, ms/token | {:.3} | {:.2} | |", p4.min, p4.spread);
+    println!("| prefill 64 positions, ms/token | {:.4} | {:.2} | |", p64.min, p64.spread);
+    let d = stat(&dec);
+    println!(
+        "| decode, ms/token ({steps} forced steps) | {:.4} | {:.2} | one submit + wait per step |",
+        d.min, d.spread
+    );
+    if let Some(&(_, r, w)) = host_split.iter().min_by(|a, b| a.0.total_cmp(&b.0)) {
+        println!("| decode step: record + submit, ms | {r:.4} | | host, fastest batch (encoding ahead not counted) |");
+        println!("| decode step: wait for GPU + readback, ms | {w:.4} | | |");
+    }
+    println!("| dispatches per decode step | {per_step_dispatches:.1} | | |");
+    println!("| copy ceiling, GB/s | {copy_gbs:.0} | | vec4 copy kernel, {} MiB buffers |", args.copy_mib);
+    if let Some(l) = file_line {
+        println!("{l}");
+    }
+    println!();
+    kernel_table(&profile, copy_gbs, prof_steps);
+    Ok(())
+}
+
+/// The per-kernel table: GPU time per dispatch from timestamp queries, GB/s and % of copy.
+fn kernel_table(p: &Profile, copy_gbs: f64, steps: usize) {
+    if !p.timed {
+        println!("(no timestamp queries on this adapter: no per-kernel table)");
+        return;
+    }
+    println!("Per kernel (one window, 4-token prefill, {steps} decode steps; timestamps, a pass per dispatch):");
+    println!();
+    println!("| kernel | stage | dispatches | per step | mean µs | total ms | GB/s | % copy | GFLOP/s |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut total = 0.0;
+    let mut decode_ns = 0.0;
+    for k in p.stats() {
+        let mean_us = k.gpu_ns / 1e3 / k.dispatches.max(1) as f64;
+        let gbs = if k.gpu_ns > 0.0 { k.bytes as f64 / k.gpu_ns } else { 0.0 };
+        let gflops = if k.gpu_ns > 0.0 { k.flops as f64 / k.gpu_ns } else { 0.0 };
+        let per_step = if k.stage == "decode" { format!("{:.1}", k.dispatches as f64 / steps as f64) } else { String::new() };
+        if k.stage == "decode" {
+            decode_ns += k.gpu_ns;
+        }
+        total += k.gpu_ns;
+        println!(
+            "| {} | {} | {} | {} | {:.2} | {:.3} | {:.0} | {:.1} | {:.0} |",
+            k.kernel,
+            k.stage,
+            k.dispatches,
+            per_step,
+            mean_us,
+            k.gpu_ns / 1e6,
+            gbs,
+            100.0 * gbs / copy_gbs,
+            gflops
+        );
+    }
+    println!();
+    println!(
+        "{} dispatches, {:.3} ms of GPU time; decode steps {:.4} ms/token of GPU time (timed passes)",
+        p.total_dispatches(),
+        total / 1e6,
+        decode_ns / 1e6 / steps.max(1) as f64
+    );
+}
+
+const COPY: &str = r#"
+struct Params { n: u32, row: u32, a: u32, b: u32 }
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> dst: array<vec4<u32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = (wg.x + wg.y * p.row) * 256u + li.x;
+    if (i < p.n) {
+        dst[i] = src[i];
+    }
+}
+"#;
+
+/// GB/s (read + write bytes) of the best of `batches` timed copies of `mib` MiB.
+fn copy_ceiling(gpu: &Gpu, mib: u64, batches: usize) -> Result<f64, String> {
+    let e = |e: engine::Error| e.to_string();
+    let cap = gpu.info.max_storage_binding.min(gpu.device.limits().max_buffer_size);
+    let bytes = ((mib << 20).min(cap) / 16 * 16).max(16);
+    let src = gpu.buffer("bench copy src", bytes).map_err(e)?;
+    let dst = gpu.buffer("bench copy dst", bytes).map_err(e)?;
+    gpu.fill_u32(&src, 0x3c00_3c00);
+    let k = gpu.kernel("bench_copy", COPY, &[Access::Read, Access::ReadWrite]).map_err(e)?;
+    let n = (bytes / 16) as u32;
+    let groups = n.div_ceil(256);
+    let row = groups.min(32768);
+    let params: Vec<u8> = [n, row, 0, 0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    gpu.pause_profiling(false);
+    let mut best = f64::INFINITY;
+    for _ in 0..=batches {
+        let mut prof = Profile::default();
+        let mut rec = gpu.recorder();
+        for _ in 0..4 {
+            rec.dispatch(&k, &params, &[&src, &dst], [row, groups.div_ceil(row), 1], Cost { bytes: 2 * bytes, flops: 0 })
+                .map_err(e)?;
+        }
+        rec.submit(Some(&mut prof)).map_err(e)?;
+        gpu.wait().map_err(e)?;
+        for s in prof.stats() {
+            if s.gpu_ns > 0.0 {
+                best = best.min(s.gpu_ns / s.dispatches as f64);
+            }
+        }
+    }
+    gpu.pause_profiling(true);
+    if !best.is_finite() {
+        // No timestamps: time submit + wait of the same work on the clock.
+        let t = Instant::now();
+        let mut rec = gpu.recorder();
+        for _ in 0..4 {
+            rec.dispatch(&k, &params, &[&src, &dst], [row, groups.div_ceil(row), 1], Cost::default()).map_err(e)?;
+        }
+        rec.submit(None).map_err(e)?;
+        gpu.wait().map_err(e)?;
+        best = t.elapsed().as_secs_f64() * 1e9 / 4.0;
+    }
+    Ok(2.0 * bytes as f64 / best)
+}
