@@ -117,6 +117,41 @@ impl QuantBank {
         })
     }
 
+    /// A bank of `experts` resident experts whose words are already in `buf`, expert e at
+    /// word `e · slot_words` (a harness that fills its banks on the GPU; the words are the
+    /// caller's to vouch for).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_buffer(
+        gpu: &Gpu,
+        label: &str,
+        format: QuantFormat,
+        buf: Buffer,
+        rows: u32,
+        cols: u32,
+        experts: u32,
+        slot_words: u32,
+    ) -> Result<QuantBank> {
+        let need = experts as u64 * slot_words as u64 * 4;
+        let limit = gpu.device.limits().max_storage_buffer_binding_size;
+        if experts == 0 || buf.size() < need || need > limit {
+            return Err(Error::Invalid(format!(
+                "{label}: {experts} experts of {slot_words} words in a buffer of {} bytes (binding limit {limit})",
+                buf.size()
+            )));
+        }
+        let slots: Vec<u32> = (0..experts).collect();
+        Ok(QuantBank {
+            format,
+            buf,
+            map: gpu.upload_u32(label, &slots)?,
+            rows,
+            cols,
+            experts,
+            slot_words,
+            slots,
+        })
+    }
+
     /// Whether expert `e` is on the GPU.
     pub fn resident(&self, e: usize) -> bool {
         self.slots.get(e).is_some_and(|&s| s != MISS)

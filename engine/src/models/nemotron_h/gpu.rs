@@ -150,6 +150,27 @@ impl NemotronGpu {
 
     /// [`from_model`](Self::from_model) with the routed experts held as `opts` says.
     pub fn from_model_with(gpu: Arc<Gpu>, m: &Model, opts: &ExpertOptions) -> Result<NemotronGpu> {
+        Self::build(gpu, m, opts, None)
+    }
+
+    /// [`from_model`](Self::from_model) with every MoE layer's routed experts taken from
+    /// `banks(layer)` (up, down), already on the GPU and all resident; the model's own
+    /// expert weights are not read (they may be empty). For harnesses whose banks are made
+    /// on the GPU (`nemotron-bench`): quantizing billions of host floats would take minutes.
+    pub fn from_model_with_banks(
+        gpu: Arc<Gpu>,
+        m: &Model,
+        banks: &mut BankSource<'_>,
+    ) -> Result<NemotronGpu> {
+        Self::build(gpu, m, &ExpertOptions::default(), Some(banks))
+    }
+
+    fn build(
+        gpu: Arc<Gpu>,
+        m: &Model,
+        opts: &ExpertOptions,
+        mut banks: Option<&mut BankSource<'_>>,
+    ) -> Result<NemotronGpu> {
         let g: &Gpu = &gpu;
         let c = &m.config;
         let hid = c.hidden_size;
@@ -213,15 +234,18 @@ impl NemotronGpu {
                     LayerWeights::Moe {
                         gate: F32Weights::upload(g, "router", &w.gate, ne, hid)?,
                         bias: g.upload_f32("router bias", &w.bias)?,
-                        experts: upload_experts(
-                            g,
-                            w,
-                            ne,
-                            hid,
-                            e.intermediate_size,
-                            opts.format,
-                            &resident,
-                        )?,
+                        experts: match banks.as_deref_mut() {
+                            Some(src) => given_banks(src, li, ne, hid, e.intermediate_size)?,
+                            None => upload_experts(
+                                g,
+                                w,
+                                ne,
+                                hid,
+                                e.intermediate_size,
+                                opts.format,
+                                &resident,
+                            )?,
+                        },
                         sup: lin(g, "shared up", &w.shared.up)?,
                         sdown: lin(g, "shared down", &w.shared.down)?,
                     }
@@ -273,6 +297,36 @@ impl NemotronGpu {
     pub fn context(&self, max_len: u32) -> Result<NemotronContext<'_>> {
         NemotronContext::new(self, max_len)
     }
+}
+
+/// Makes the (up, down) banks of a MoE layer, given its index in the model.
+pub type BankSource<'a> = dyn FnMut(usize) -> Result<(QuantBank, QuantBank)> + 'a;
+
+/// A MoE layer's banks from a [`BankSource`], checked against the layer's geometry.
+fn given_banks(
+    src: &mut BankSource<'_>,
+    li: usize,
+    ne: usize,
+    hid: usize,
+    inter: usize,
+) -> Result<Experts> {
+    let (up, down) = src(li)?;
+    let want = |b: &QuantBank, rows: usize, cols: usize| {
+        b.experts as usize == ne
+            && b.rows as usize == rows
+            && b.cols as usize == cols
+            && b.resident_count() == ne
+    };
+    if !want(&up, inter, hid) || !want(&down, hid, inter) || up.format != down.format {
+        return Err(Error::Invalid(format!(
+            "layer {li}: given banks are not {ne} resident experts of [{inter}][{hid}] up and [{hid}][{inter}] down in one format"
+        )));
+    }
+    Ok(Experts::Quant {
+        up,
+        down,
+        host: (0..ne).map(|_| None).collect(),
+    })
 }
 
 /// The routed experts of one MoE layer, as `format` and `resident` say.

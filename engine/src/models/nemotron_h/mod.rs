@@ -13,6 +13,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod gpu;
+pub mod synthetic;
 
 pub use checkpoint::{
     bf16_to_f32, layer_tensors, widen_to_f32, Checkpoint, ExpertProj, WeightDtype, WeightView,
