@@ -76,6 +76,9 @@ enum LayerWeights {
         experts: Experts,
         sup: Lin,
         sdown: Lin,
+        /// `fc1_latent_proj`, `fc2_latent_proj` (`moe_latent_size`): the routed experts
+        /// then read and write rows of the latent width.
+        latent: Option<(Lin, Lin)>,
     },
     Mlp {
         up: Lin,
@@ -175,11 +178,8 @@ impl NemotronGpu {
         let c = &m.config;
         let hid = c.hidden_size;
         let e = &c.moe;
-        if c.has(super::LayerKind::Moe) && e.latent_size.is_some() {
-            return Err(Error::Unsupported(
-                "latent MoE projections are not in the GPU frame yet".into(),
-            ));
-        }
+        // The width the routed experts read and write (the latent size when there is one).
+        let io = e.expert_io(hid);
         let shape = MambaShape::from_config(&c.mamba)?;
         if !opts.resident.is_empty() && opts.resident.len() != m.layers.len() {
             return Err(Error::Invalid(format!(
@@ -231,16 +231,23 @@ impl NemotronGpu {
                             "expert biases are not in the GPU frame".into(),
                         ));
                     }
+                    if w.latent.is_some() && resident.iter().any(|&r| !r) {
+                        // Host experts read the layer input; with a latent projection they
+                        // would need its projected rows.
+                        return Err(Error::Unsupported(
+                            "a residency map with latent MoE projections is not in the GPU frame".into(),
+                        ));
+                    }
                     LayerWeights::Moe {
                         gate: F32Weights::upload(g, "router", &w.gate, ne, hid)?,
                         bias: g.upload_f32("router bias", &w.bias)?,
                         experts: match banks.as_deref_mut() {
-                            Some(src) => given_banks(src, li, ne, hid, e.intermediate_size)?,
+                            Some(src) => given_banks(src, li, ne, io, e.intermediate_size)?,
                             None => upload_experts(
                                 g,
                                 w,
                                 ne,
-                                hid,
+                                io,
                                 e.intermediate_size,
                                 opts.format,
                                 &resident,
@@ -248,6 +255,10 @@ impl NemotronGpu {
                         },
                         sup: lin(g, "shared up", &w.shared.up)?,
                         sdown: lin(g, "shared down", &w.shared.down)?,
+                        latent: match &w.latent {
+                            Some((fc1, fc2)) => Some((lin(g, "fc1_latent_proj", fc1)?, lin(g, "fc2_latent_proj", fc2)?)),
+                            None => None,
+                        },
                     }
                 }
                 Mixer::Mlp(w) => LayerWeights::Mlp {
@@ -414,6 +425,9 @@ struct Scratch {
     cnt: Buffer,
     hmid: Buffer,
     eo: Buffer,
+    /// The latent rows the routed experts read, and their weighted sum (latent MoE only).
+    lat_in: Buffer,
+    lat_sum: Buffer,
     mid: Buffer,
     logits: Buffer,
     ids: Buffer,
@@ -536,7 +550,9 @@ impl<'m> NemotronContext<'m> {
             list: f("expert lists", e.n_routed_experts * p)?,
             cnt: f("expert counts", e.n_routed_experts)?,
             hmid: f("expert mid", p * e.top_k * e.intermediate_size)?,
-            eo: f("expert out", p * e.top_k * hid)?,
+            eo: f("expert out", p * e.top_k * e.expert_io(hid).max(hid))?,
+            lat_in: f("latent in", p * e.latent_size.unwrap_or(1))?,
+            lat_sum: f("latent sum", p * e.latent_size.unwrap_or(1))?,
             mid: f("mid", p * mid)?,
             logits: f("logits", p * c.vocab_size)?,
             ids: f("ids", p)?,
@@ -791,7 +807,8 @@ impl<'m> NemotronContext<'m> {
             if traced && i > 0 {
                 r.copy(&sc.h, 0, &sc.trace, (i as u64 - 1) * layer_bytes, row_bytes);
             }
-            after_moe = matches!(layer, LayerWeights::Moe { .. });
+            // With a latent projection the routed sum is projected back inside the layer.
+            after_moe = matches!(layer, LayerWeights::Moe { latent: None, .. });
             let x = RowsF32::new(&sc.x, hid);
             let out = RowsF32::new(&sc.out, hid);
             match (layer, st) {
@@ -869,6 +886,7 @@ impl<'m> NemotronContext<'m> {
                         experts,
                         sup,
                         sdown,
+                        latent,
                     },
                     _,
                 ) => {
@@ -883,20 +901,36 @@ impl<'m> NemotronContext<'m> {
                         top_k: tk,
                     };
                     let hmid = RowsF32::new(&sc.hmid, inter);
-                    let eo = RowsF32::new(&sc.eo, hid);
+                    let io = e.expert_io(hid as usize) as u32;
+                    let eo = RowsF32::new(&sc.eo, io);
+                    // The experts' input: the normed rows, or their latent projection.
+                    let xin = match latent {
+                        Some((fc1, _)) => {
+                            apply(r, x, fc1, RowsF32::new(&sc.lat_in, io), plain)?;
+                            RowsF32::new(&sc.lat_in, io)
+                        }
+                        None => x,
+                    };
                     match experts {
                         Experts::F32 { up, down } => {
-                            k.expert_linear(r, &lists, n, x, tk, up, hmid, relu2)?;
+                            k.expert_linear(r, &lists, n, xin, tk, up, hmid, relu2)?;
                             k.expert_linear(r, &lists, n, hmid, 1, down, eo, plain)?;
                         }
                         Experts::Quant { up, down, .. } => {
-                            k.expert_linear_quant(r, &lists, n, x, tk, up, hmid, relu2)?;
+                            k.expert_linear_quant(r, &lists, n, xin, tk, up, hmid, relu2)?;
                             k.expert_linear_quant(r, &lists, n, hmid, 1, down, eo, plain)?;
                         }
                     }
                     let si = e.shared_intermediate_size as u32;
                     apply(r, x, sup, RowsF32::new(&sc.mid, si), relu2)?;
                     apply(r, RowsF32::new(&sc.mid, si), sdown, out, plain)?;
+                    if let Some((_, fc2)) = latent {
+                        // Σ weights · expert rows in the latent width, then back to the
+                        // hidden width on top of the shared expert's output.
+                        k.moe_combine(r, n, io, tk, &sc.wts, &sc.eo, &sc.lat_sum, false)?;
+                        let add = LinearOps { relu2: false, accumulate: true };
+                        apply(r, RowsF32::new(&sc.lat_sum, io), fc2, out, add)?;
+                    }
                     if let Experts::Quant { host, .. } = experts {
                         if host.iter().any(Option::is_some) {
                             // The experts kept on the host: finish this submission, compute

@@ -244,3 +244,46 @@ fn nh_gpu_speculative_greedy_equals_plain_greedy() {
     assert_eq!(spec, plain);
     assert!(round < steps, "drafts were accepted sometimes");
 }
+
+/// `moe_latent_size`: the fixture's frame with its MoE layers given a latent width (random
+/// fc1/fc2 latent projections and experts of that width). The GPU frame (prefill in passes,
+/// then decode) against the CPU reference on the same weights.
+#[test]
+fn nh_gpu_latent_moe_matches_reference() {
+    use crate::reference::nemotron_h::{Linear, Mixer, Model, Relu2Mlp};
+    let mut m = Model::load(&fixture_dir()).unwrap();
+    let lat = 48usize;
+    m.config.moe.latent_size = Some(lat);
+    let hid = m.config.hidden_size;
+    let inter = m.config.moe.intermediate_size;
+    let mut r = crate::testgpu::rng("nh_gpu_latent_moe");
+    let mut lin = |rows: usize, cols: usize| Linear {
+        w: crate::testgpu::rand_vec(&mut r, rows * cols, 1.0 / (cols as f32).sqrt()),
+        b: None,
+        rows,
+        cols,
+    };
+    let mut n_moe = 0;
+    for l in &mut m.layers {
+        if let Mixer::Moe(w) = &mut l.mixer {
+            n_moe += 1;
+            for x in &mut w.experts {
+                *x = Relu2Mlp { up: lin(inter, lat), down: lin(lat, inter) };
+            }
+            w.latent = Some((lin(lat, hid), lin(hid, lat)));
+        }
+    }
+    assert!(n_moe > 0);
+    let g = NemotronGpu::from_model(gpu(), &m).unwrap();
+    let vocab = m.config.vocab_size as u32;
+    let prompt: Vec<u32> = (0..70u32).map(|i| (i * 53 + 11) % vocab).collect();
+    let mut ctx = g.context(128).unwrap();
+    let got = ctx.prefill_tokens(&prompt).unwrap();
+    let next = ctx.decode(7 % vocab).unwrap();
+    let mut rc = m.context();
+    let want = rc.prefill(&prompt).unwrap();
+    let want_next = rc.step(7 % vocab).unwrap();
+    let (e1, e2) = (max_row_rel(&got, &want, vocab as usize).0, max_row_rel(&next, &want_next, vocab as usize).0);
+    println!("latent MoE: prefill (70 positions, passes of 64) {e1:.2e}, decode {e2:.2e}");
+    assert!(e1 < 1e-4 && e2 < 1e-4, "prefill {e1}, decode {e2}");
+}
