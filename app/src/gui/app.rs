@@ -689,11 +689,13 @@ impl eframe::App for VerbatimApp {
         match self.tab {
             Tab::Files => {
                 egui::Panel::left("queue").resizable(true).default_size(280.0).show(ui, |ui| self.queue_panel(ui));
-                let h = ui.available_height();
+                let h = ctx.content_rect().height();
                 egui::Panel::bottom("timings")
                     .resizable(true)
-                    .default_size((h * 0.55).max(300.0))
-                    .min_size(220.0)
+                    .default_size((h * 0.6).max(300.0))
+                    // (egui 0.37 sizes a fresh panel to its minimum: half the window for the
+                    // timings, so the kernel table shows more than two rows.)
+                    .min_size((h * 0.5).max(220.0))
                     .show(ui, |ui| self.timings_panel(ui));
                 egui::CentralPanel::default().show(ui, |ui| self.transcript_view(ui));
             }
