@@ -745,6 +745,7 @@ impl eframe::App for VerbatimApp {
 }
 
 fn spawn_dialog(tx: Sender<DialogResult>, f: impl FnOnce() -> Option<DialogResult> + Send + 'static) {
+    let on_fail = tx.clone();
     let spawned = std::thread::Builder::new().name("verbatim-dialog".into()).spawn(move || {
         // rfd reports "no portal" and similar by returning None after logging; a panic in it
         // must not take the window down.
@@ -759,7 +760,7 @@ fn spawn_dialog(tx: Sender<DialogResult>, f: impl FnOnce() -> Option<DialogResul
         }
     });
     if let Err(e) = spawned {
-        let _ = e;
+        let _ = on_fail.send(DialogResult::Failed(format!("cannot open the file dialog: {e}")));
     }
 }
 
