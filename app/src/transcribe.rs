@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{CommandFactory, ValueEnum};
+use engine::decode::draft::Speculative;
+use engine::decode::whisper::SpecStats;
 use engine::gpu::{Gpu, GpuOptions};
 use engine::pipeline::{Options, Stage, Transcriber, Transcript};
 
@@ -37,9 +39,15 @@ pub struct Args {
     #[arg(long)]
     no_timestamps: bool,
 
-    /// After the text, print how long each stage took, the tokens and the real-time factor.
+    /// After the text, print how long each stage took, the tokens and the real-time factor
+    /// (and, with --speculative, the drafts' acceptance rate and tokens per verify pass).
     #[arg(long)]
     timings: bool,
+
+    /// Speculative decoding: `ngram` drafts tokens from the text so far and checks each
+    /// draft in one batched verify pass; the transcript is exactly the same as `off`.
+    #[arg(long, value_name = "SOURCE", default_value = "off", value_parser = parse_speculative)]
+    speculative: Speculative,
 
     /// After the text, print the per-kernel GPU table: dispatches, GPU time (timestamp
     /// queries, when the adapter has them), bytes moved and GB/s.
@@ -178,7 +186,8 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
         }
     }
 
-    let opts = Options { timestamps: !args.no_timestamps, ..Options::default() };
+    let mut opts = Options { timestamps: !args.no_timestamps, ..Options::default() };
+    opts.decode.speculative = args.speculative;
     let several = args.files.len() > 1;
     // The timings table goes to stdout unless stdout carries a document that it would corrupt.
     let table_to_stdout = format == Format::Txt || args.output_dir.is_some();
@@ -427,5 +436,26 @@ fn timings_table(file: Option<&Path>, load: Duration, t: &Transcript) -> String 
         t.audio_seconds,
         t.real_time_factor()
     );
+    if t.speculative != Speculative::Off {
+        s += &speculative_line(t.speculative, &t.spec);
+        s += "\n";
+    }
     s
+}
+
+/// One line on what speculative decoding did (the CLI's --timings, the window's panel).
+pub(crate) fn speculative_line(source: Speculative, spec: &SpecStats) -> String {
+    format!(
+        "speculative {}: {} verify passes, {} of {} drafted tokens accepted ({:.0} %), {:.2} tokens per pass",
+        source.name(),
+        spec.passes,
+        spec.accepted,
+        spec.drafted,
+        spec.acceptance() * 100.0,
+        spec.tokens_per_pass()
+    )
+}
+
+fn parse_speculative(s: &str) -> Result<Speculative, String> {
+    s.parse().map_err(|e: engine::Error| e.to_string())
 }

@@ -11,7 +11,8 @@ use crate::audio::mel::log_mel_spectrogram;
 use crate::audio::resample::to_16k;
 use crate::audio::{decode_wav_file, SAMPLE_RATE};
 use crate::decode::tokenizer::WhisperTokenizer;
-use crate::decode::whisper::{suppress_list, transcribe, DecodeOptions, Segment};
+use crate::decode::draft::Speculative;
+use crate::decode::whisper::{suppress_list, transcribe, DecodeOptions, Segment, SpecStats};
 use crate::gpu::Gpu;
 use crate::models::whisper::checkpoint::Checkpoint;
 use crate::models::whisper::gpu::GpuWhisper;
@@ -57,6 +58,9 @@ pub struct Transcript {
     pub windows: usize,
     /// Stages in order: audio decode, resample, mel, encoder, prefill, decode steps, total.
     pub stages: Vec<Stage>,
+    /// The draft source used and what speculative decoding did (zeros when off).
+    pub speculative: Speculative,
+    pub spec: SpecStats,
 }
 
 impl Transcript {
@@ -174,6 +178,8 @@ impl Transcriber {
             decode_steps: stats.steps,
             windows: stats.windows,
             stages,
+            speculative: dopts.speculative,
+            spec: stats.spec,
         })
     }
 }

@@ -592,6 +592,58 @@ fn prefill_equals_steps_and_begin_window_resets() {
     }
 }
 
+/// Speculative decoding's verify pass: the scores at each of k+1 positions equal, bit for
+/// bit, those of k+1 single steps (else a near tie could pick another token than plain
+/// greedy decoding), and a rollback past rejected drafts leaves the state as if they had
+/// never been fed.
+#[test]
+fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
+    let tag = "verify";
+    let s = seed(tag);
+    let mut rng = StdRng::seed_from_u64(s);
+    for geom in [GEOM_A, GEOM_B] {
+        let mut p = pair(geom, s, tag);
+        let mel = random_mel(&geom.dims, &mut rng);
+        let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
+        let tokens = random_tokens(8, geom.dims.vocab, &mut rng);
+        let rules: Vec<StepRules> = (0..tokens.len()).map(|i| rules_for(i, &geom, tokens[i])).collect();
+        let g = &mut p.gpu;
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+        let single: Vec<(StepScores, Vec<f32>)> =
+            tokens.iter().zip(&rules).map(|(t, r)| (g.advance(std::slice::from_ref(t), r).unwrap(), g.last_logits().unwrap())).collect();
+        assert_eq!(g.max_verify(), 8);
+        for k in [8, 5, 1] {
+            g.begin_window(&mel).unwrap();
+            g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+            let v = g.verify(&tokens[..k], &rules[..k]).unwrap();
+            for i in 0..k {
+                assert_eq!(v[i], single[i].0, "verify of {k}: position {i} differs from a single step");
+            }
+        }
+        // Rejected drafts: feed tokens[0] and three wrong ones, keep one, roll two back,
+        // then go on one step at a time: the same scores and logits as never drafting.
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+        let wrong = [tokens[1], (tokens[2] + 1) % geom.dims.vocab as u32, tokens[0]];
+        let fed = [tokens[0], wrong[0], wrong[1], wrong[2]];
+        let v = g.verify(&fed, &rules[..4]).unwrap();
+        assert_eq!(&v[..2], &[single[0].0, single[1].0], "the agreeing prefix");
+        g.rollback(2).unwrap();
+        for i in 2..tokens.len() {
+            let sc = g.advance(&tokens[i..=i], &rules[i]).unwrap();
+            assert_eq!(sc, single[i].0, "after the rollback: position {i}");
+            assert_eq!(g.last_logits().unwrap(), single[i].1, "after the rollback: logits at {i}");
+        }
+        // Bad calls are errors, not panics.
+        assert!(g.verify(&[], &[]).is_err());
+        assert!(g.verify(&tokens, &rules[..2]).is_err());
+        assert!(g.verify(&[geom.dims.vocab as u32], &rules[..1]).is_err());
+        assert!(g.rollback(10_000).is_err());
+        eprintln!("[{tag}] head_dim {}: verify of 1/5/8 = single steps bit for bit; rollback exact", geom.dims.head_dim());
+    }
+}
+
 // ---- 4. Errors are values --------------------------------------------------------------
 
 #[test]

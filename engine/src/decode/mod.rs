@@ -6,6 +6,7 @@
 //! vocabulary of logits never leaves the GPU: the masking and the argmax / log-sum-exp
 //! reductions run there (see `kernels/select.wgsl`), and only [`StepScores`] comes back.
 
+pub mod draft;
 pub mod tokenizer;
 pub mod whisper;
 
@@ -73,6 +74,24 @@ pub trait LogitSource {
     /// Set the token ids masked at every step (config.json's suppress_ids plus what the
     /// decoding options add). Replaces any earlier list.
     fn set_suppress(&mut self, ids: &[u32]) -> Result<()>;
+    /// Most positions one [`LogitSource::verify`] takes; 0 when the source cannot verify
+    /// (speculative decoding then falls back to single steps).
+    fn max_verify(&self) -> usize {
+        0
+    }
+    /// Speculative decoding's check: append `tokens` at the next positions in one batched
+    /// pass and return the masked scores at every one of them, position i with `rules[i]`.
+    /// Each must equal, bit for bit, what `advance(&[tokens[i]], &rules[i])` would return
+    /// after `tokens[..i]`: a verify pass may never change the transcript.
+    fn verify(&mut self, tokens: &[u32], rules: &[StepRules]) -> Result<Vec<StepScores>> {
+        let _ = (tokens, rules);
+        Err(crate::Error::Unsupported("this logit source has no verify pass".into()))
+    }
+    /// Forget the last `n` positions (the rejected drafts of a verify pass).
+    fn rollback(&mut self, n: usize) -> Result<()> {
+        let _ = n;
+        Err(crate::Error::Unsupported("this logit source cannot roll back".into()))
+    }
     /// Decoder context length (448 for Whisper).
     fn max_positions(&self) -> usize;
     /// Mel bins the encoder takes (80; 128 for large-v3).

@@ -22,6 +22,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::draft::{Drafter, Speculative};
 use super::tokenizer::WhisperTokenizer;
 use super::{LogitSource, SpecialTokens, StepRules, StepScores};
 use crate::audio::mel::LogMel;
@@ -63,6 +64,12 @@ pub struct DecodeOptions {
     /// Set from another thread to stop: checked before every window and every token, the
     /// call then returns [`Error::Cancelled`].
     pub cancel: Option<crate::decode::CancelFlag>,
+    /// Draft source for speculative decoding (the transcript is greedy's either way; a
+    /// source without a verify pass decodes plainly).
+    pub speculative: Speculative,
+    /// Tokens the first window is expected to produce (live mode: the previous hypothesis
+    /// of the same audio), drafted first.
+    pub draft_hint: Vec<u32>,
 }
 
 impl DecodeOptions {
@@ -86,6 +93,8 @@ impl Default for DecodeOptions {
             sample_len: 448 / 2,
             initial_prompt: Vec::new(),
             cancel: None,
+            speculative: Speculative::Off,
+            draft_hint: Vec::new(),
         }
     }
 }
@@ -118,8 +127,46 @@ pub struct DecodeStats {
     pub encode_time: Duration,
     /// Time in the prompt passes.
     pub prefill_time: Duration,
-    /// Time in the one-token passes.
+    /// Time in the one-token passes (and verify passes).
     pub decode_time: Duration,
+    /// Speculative decoding: verify passes, drafted and accepted tokens.
+    pub spec: SpecStats,
+}
+
+/// What speculative decoding did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Verify passes (each checks a draft and yields the model's next token too).
+    pub passes: usize,
+    /// Draft tokens checked, and those kept.
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl SpecStats {
+    pub fn add(&mut self, o: &SpecStats) {
+        self.passes += o.passes;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+    }
+
+    /// Kept draft tokens per drafted one (0 without drafts).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+
+    /// Tokens decided per verify pass: the kept drafts and the model's own next token.
+    pub fn tokens_per_pass(&self) -> f64 {
+        if self.passes == 0 {
+            0.0
+        } else {
+            (self.accepted + self.passes) as f64 / self.passes as f64
+        }
+    }
 }
 
 /// The result of one window.
@@ -139,6 +186,7 @@ pub struct WindowResult {
     pub steps: usize,
     pub prefill_time: Duration,
     pub decode_time: Duration,
+    pub spec: SpecStats,
 }
 
 /// The static suppress list as faster-whisper builds it from `suppress_tokens=[-1]`:
@@ -409,6 +457,15 @@ pub fn decode_window(
     let mut tokens = Vec::new();
     let mut sum_logprob = 0.0;
     let mut steps = 0;
+    // Speculative decoding: drafts only where the source can verify them.
+    let max_verify = if opts.speculative == Speculative::Off { 0 } else { src.max_verify() };
+    let mut drafter = Drafter::new(&opts.draft_hint, sp.eot);
+    let mut spec = SpecStats::default();
+    // Positions a verify pass computed past the last chosen token: (the draft token fed
+    // there, the scores after it, its rules), oldest first, and the pass's draft length.
+    let mut ahead: std::collections::VecDeque<(u32, StepScores, Step)> = Default::default();
+    let mut pass_drafted = 0;
+    let mut pass_accepted = 0;
     loop {
         let (token, logprob) = pick(&scores, step.check_ts_over_text, sp.vocab)?;
         steps += 1;
@@ -422,8 +479,56 @@ pub fn decode_window(
             break;
         }
         opts.check_cancel()?;
+        // A verified position for this very token: its scores are the next step's, bit for
+        // bit what a single step would give (same rules, same per-row arithmetic).
+        match ahead.pop_front() {
+            Some((fed, s, st)) if fed == token => {
+                pass_accepted += 1;
+                spec.accepted += 1;
+                if ahead.is_empty() {
+                    drafter.record(pass_drafted, pass_accepted, max_verify.saturating_sub(1));
+                }
+                step = st;
+                scores = s;
+                continue;
+            }
+            Some(_) => {
+                // A miss: the draft from here on is in the KV cache and must go.
+                src.rollback(ahead.len() + 1)?;
+                ahead.clear();
+                drafter.record(pass_drafted, pass_accepted, max_verify.saturating_sub(1));
+            }
+            None => {}
+        }
         step = rules.step(&tokens);
-        scores = src.advance(&[token], &step.rules)?;
+        // Never more positions than plain decoding would use (the last fed position is
+        // the one before max_len), nor more than one pass takes.
+        let room = (max_verify.saturating_sub(1)).min(max_len - 1 - tokens.len());
+        let draft = if room > 0 { drafter.propose(prompt, &tokens, room) } else { Vec::new() };
+        if draft.is_empty() {
+            scores = src.advance(&[token], &step.rules)?;
+            continue;
+        }
+        let mut fed = Vec::with_capacity(draft.len() + 1);
+        fed.push(token);
+        fed.extend_from_slice(&draft);
+        let mut hyp = tokens.clone();
+        let mut step_at = vec![step];
+        for &d in &draft {
+            hyp.push(d);
+            step_at.push(rules.step(&hyp));
+        }
+        let rules_at: Vec<StepRules> = step_at.iter().map(|s| s.rules).collect();
+        let out = src.verify(&fed, &rules_at)?;
+        if out.len() != fed.len() {
+            return Err(Error::Invalid(format!("a verify pass of {} positions returned {}", fed.len(), out.len())));
+        }
+        spec.passes += 1;
+        spec.drafted += draft.len();
+        pass_drafted = draft.len();
+        pass_accepted = 0;
+        scores = out[0];
+        ahead = draft.iter().zip(&out[1..]).zip(&step_at[1..]).map(|((&d, &s), &st)| (d, s, st)).collect();
     }
     let decode_time = t1.elapsed();
 
@@ -439,6 +544,7 @@ pub fn decode_window(
         steps,
         prefill_time,
         decode_time,
+        spec,
     })
 }
 
@@ -565,12 +671,19 @@ pub fn transcribe(
             opts.timestamps,
             src.max_positions(),
         );
-        let result = decode_window(src, &prompt, sp, tok.blank_id(), opts)?;
+        // The hint is for the first window's audio only.
+        let result = if stats.windows == 0 || opts.draft_hint.is_empty() {
+            decode_window(src, &prompt, sp, tok.blank_id(), opts)?
+        } else {
+            let later = DecodeOptions { draft_hint: Vec::new(), ..opts.clone() };
+            decode_window(src, &prompt, sp, tok.blank_id(), &later)?
+        };
         stats.windows += 1;
         stats.tokens += result.tokens.len();
         stats.steps += result.steps;
         stats.prefill_time += result.prefill_time;
         stats.decode_time += result.decode_time;
+        stats.spec.add(&result.spec);
 
         if let Some(threshold) = opts.no_speech_threshold {
             // Silence: a likely no-speech window, unless its text is confident enough.
@@ -700,6 +813,11 @@ mod tests {
         windows: Vec<(usize, usize)>,
         /// Every advance call: the tokens and the rules.
         calls: Vec<(Vec<u32>, StepRules)>,
+        /// Positions a verify pass takes (0: no verify pass).
+        verify_max: usize,
+        /// Verify passes and positions rolled back.
+        verifies: usize,
+        rolled_back: usize,
     }
 
     impl Mock {
@@ -711,6 +829,9 @@ mod tests {
                 max_positions: 448,
                 windows: Vec::new(),
                 calls: Vec::new(),
+                verify_max: 0,
+                verifies: 0,
+                rolled_back: 0,
             }
         }
 
@@ -794,6 +915,23 @@ mod tests {
             Ok(())
         }
 
+        fn max_verify(&self) -> usize {
+            self.verify_max
+        }
+
+        fn verify(&mut self, tokens: &[u32], rules: &[StepRules]) -> Result<Vec<StepScores>> {
+            assert!(!tokens.is_empty() && tokens.len() <= self.verify_max && tokens.len() == rules.len());
+            self.verifies += 1;
+            tokens.iter().zip(rules).map(|(&t, r)| self.advance(&[t], r)).collect()
+        }
+
+        fn rollback(&mut self, n: usize) -> Result<()> {
+            assert!(n <= self.history.len());
+            self.history.truncate(self.history.len() - n);
+            self.rolled_back += n;
+            Ok(())
+        }
+
         fn max_positions(&self) -> usize {
             self.max_positions
         }
@@ -843,6 +981,74 @@ mod tests {
             blank: BLANK,
             max_initial_index: 50,
         }
+    }
+
+    /// A fake model with repetitive text (so n-grams recur), timestamps and near ties: its
+    /// logits are a hash of the last three tokens fed.
+    fn repetitive(c: &Ctx) -> Vec<f32> {
+        let h = c.history.iter().rev().take(3).fold(17u64, |h, &t| h.wrapping_mul(1_000_003).wrapping_add(u64::from(t)));
+        let pick = |i: u64| ((h >> (8 * i)) % 7) as usize;
+        let n = c.sampled.len();
+        let mut set = vec![(W[pick(0) % 5], 6.0), (W[pick(1) % 5], 5.5 + (pick(2) as f32) * 0.1)];
+        // Timestamps compete now and then; eot after ~60 tokens.
+        set.push((ts(0.02 * (n as f64 + pick(3) as f64)), 4.0 + pick(4) as f32));
+        if n > 60 {
+            set.push((EOT, 20.0));
+        }
+        logits_with(0.0, &set)
+    }
+
+    #[test]
+    fn speculative_decoding_gives_greedy_output_exactly() {
+        for timestamps in [true, false] {
+            let prompt = if timestamps { vec![SOT] } else { vec![SOT, NO_TS] };
+            let plain_opts = DecodeOptions { timestamps, ..opts() };
+            let mut plain_src = mock_with_suppress(repetitive);
+            let plain = decode_window(&mut plain_src, &prompt, &sp(), BLANK, &plain_opts).unwrap();
+            assert!(plain.tokens.len() > 30, "a long window: {:?}", plain.tokens);
+            assert_eq!(plain.spec, SpecStats::default());
+            // No hint, the right hint, a hint that goes wrong halfway, a wrong one.
+            let mut half = plain.tokens.clone();
+            half.truncate(plain.tokens.len() / 2);
+            half.extend([W[0], W[1], W[0], W[1]]);
+            for (name, hint) in [("none", vec![]), ("exact", plain.tokens.clone()), ("half", half), ("wrong", vec![W[3]; 40])] {
+                for verify_max in [2, 5, 8] {
+                    let mut src = mock_with_suppress(repetitive);
+                    src.verify_max = verify_max;
+                    let o = DecodeOptions { speculative: Speculative::Ngram, draft_hint: hint.clone(), ..plain_opts.clone() };
+                    let r = decode_window(&mut src, &prompt, &sp(), BLANK, &o).unwrap();
+                    let what = format!("timestamps {timestamps}, hint {name}, verify {verify_max}");
+                    assert_eq!(r.tokens, plain.tokens, "{what}");
+                    assert_eq!(r.sum_logprob.to_bits(), plain.sum_logprob.to_bits(), "{what}");
+                    assert_eq!(r.no_speech_prob.to_bits(), plain.no_speech_prob.to_bits(), "{what}");
+                    assert_eq!(r.steps, plain.steps, "{what}");
+                    assert!(r.spec.passes > 0, "{what}: drafts were tried: {:?}", r.spec);
+                    if name == "exact" || name == "half" {
+                        assert!(r.spec.accepted > 0, "{what}: drafts were kept: {:?}", r.spec);
+                    }
+                    assert_eq!(src.verifies, r.spec.passes, "{what}");
+                    assert!(r.spec.accepted <= r.spec.drafted);
+                    if name == "exact" {
+                        // The whole window in a few passes, nothing rolled back (only a draft
+                        // past the hint's end, met by eot, goes unused).
+                        assert_eq!(src.rolled_back, 0, "{what}");
+                        assert!(r.spec.tokens_per_pass() >= 0.9 * (verify_max as f64).min(4.0), "{what}: {:?}", r.spec);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn speculative_decoding_without_a_verify_pass_decodes_plainly() {
+        let o = DecodeOptions { speculative: Speculative::Ngram, draft_hint: vec![W[0]; 10], ..opts() };
+        let mut src = mock_with_suppress(repetitive);
+        let r = decode_window(&mut src, &[SOT], &sp(), BLANK, &o).unwrap();
+        let mut plain_src = mock_with_suppress(repetitive);
+        let plain = decode_window(&mut plain_src, &[SOT], &sp(), BLANK, &opts()).unwrap();
+        assert_eq!((&r.tokens, r.sum_logprob.to_bits(), r.steps), (&plain.tokens, plain.sum_logprob.to_bits(), plain.steps));
+        assert_eq!(r.spec, SpecStats::default());
+        assert_eq!((src.verifies, src.rolled_back), (0, 0));
     }
 
     #[test]

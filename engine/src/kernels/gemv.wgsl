@@ -11,11 +11,16 @@
 // Splitting K matters on a big GPU: with one thread walking all of K per column pair, a
 // 384x1152 matrix gave 576 threads each with 384 loads in a row, 285 us per dispatch on
 // the H200; 8 slices gave 19.6 us, and the kernel lab favoured 32 slices on large matrices.
-// `main_m1` is the decode step's kernel (M = 1): its accumulators are named registers and
+// `main_m1` is the decode step's kernel (M = 1; with more rows, workgroup z is the row and
+// the weights are read once per row, from L2 after the first): its accumulators are named registers and
 // eight weight words are in flight per thread (a private array indexed by a runtime row
 // count lives in slow local memory on NVIDIA's compiler). Large matrices (the logits) use
 // it compiled as 32 column pairs x 8 slices (`GEMV_WIDE` in mod.rs): the lab's 128 MiB
 // matrix read at 61 % of copy that way against 48 % with 8 x 32.
+// Each row of `main_m1` is computed exactly as a lone row would be, bit for bit: a
+// speculative verify pass over k+1 positions must reproduce k+1 single decode steps, or a
+// near tie could choose another token than plain greedy decoding. (`main` sums in another
+// order and is only for prompts.)
 // flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate; 16 LayerNorm.
 
 struct Params {
@@ -56,13 +61,14 @@ fn finish(v0: f32, n: u32, mi: u32) {
     y[o] = v;
 }
 
-// `finish` with the bias and the accumulated value loaded ahead (main_m1).
-fn finish_pre(v0: f32, n: u32, b: f32, yo: f32) {
+// `finish` with the bias and the accumulated value loaded ahead (main_m1); `o` is the
+// output's index.
+fn finish_pre(v0: f32, o: u32, b: f32, yo: f32) {
     var v = v0 + b;
     if ((p.flags & 2u) != 0u) {
         v = gelu(v);
     }
-    y[p.y_off + n] = v + yo;
+    y[o] = v + yo;
 }
 
 fn ln_on() -> bool {
@@ -84,10 +90,10 @@ fn wg_sum(v: f32, lid: u32) -> f32 {
     return t;
 }
 
-// LayerNorm statistics of the first m rows of X into `stat` (two-pass, as layernorm.wgsl).
-fn row_stats(m: u32, lid: u32) {
+// LayerNorm statistics of rows [m0, m1) of X into `stat` (two-pass, as layernorm.wgsl).
+fn row_stats(m0: u32, m1: u32, lid: u32) {
     let kf = f32(p.k);
-    for (var mi = 0u; mi < m; mi++) {
+    for (var mi = m0; mi < m1; mi++) {
         let xb = p.x_off + mi * p.x_stride;
         var s = 0.0;
         for (var c = lid; c < p.k; c += WG) {
@@ -124,7 +130,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
     let kg = li.y;
     let m = min(p.m, MAXM);
     if (ln_on()) {
-        row_stats(m, kg * CP + li.x);
+        row_stats(0u, m, kg * CP + li.x);
     }
     let kc = (p.k + KG - 1u) / KG;
     let k0 = kg * kc;
@@ -179,6 +185,8 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     let nw = p.n / 2u;
     let cw = (wg.x + wg.y * 32768u) * CP + li.x;
     let kg = li.y;
+    let row = wg.z;
+    let yb = p.y_off + row * p.y_stride;
     let kc = (p.k + KG - 1u) / KG;
     let k0 = kg * kc;
     let k1 = min(p.k, k0 + kc);
@@ -211,25 +219,25 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             eb = vec2<f32>(bias[2u * cw], bias[2u * cw + 1u]);
         }
         if ((p.flags & 4u) != 0u) {
-            ey = vec2<f32>(y[p.y_off + 2u * cw], y[p.y_off + 2u * cw + 1u]);
+            ey = vec2<f32>(y[yb + 2u * cw], y[yb + 2u * cw + 1u]);
         }
     }
     if (ln_on()) {
-        row_stats(1u, kg * CP + li.x);
+        row_stats(row, row + 1u, kg * CP + li.x);
     }
     var a = vec2<f32>(0.0, 0.0);
     var b = vec2<f32>(0.0, 0.0);
     if (cw < nw) {
         var k = k0;
         if (pre) {
-            a = fma(vec2<f32>(xv(0u, k)), unpack2x16float(r0), a);
-            b = fma(vec2<f32>(xv(0u, k + 1u)), unpack2x16float(r1), b);
-            a = fma(vec2<f32>(xv(0u, k + 2u)), unpack2x16float(r2), a);
-            b = fma(vec2<f32>(xv(0u, k + 3u)), unpack2x16float(r3), b);
-            a = fma(vec2<f32>(xv(0u, k + 4u)), unpack2x16float(r4), a);
-            b = fma(vec2<f32>(xv(0u, k + 5u)), unpack2x16float(r5), b);
-            a = fma(vec2<f32>(xv(0u, k + 6u)), unpack2x16float(r6), a);
-            b = fma(vec2<f32>(xv(0u, k + 7u)), unpack2x16float(r7), b);
+            a = fma(vec2<f32>(xv(row, k)), unpack2x16float(r0), a);
+            b = fma(vec2<f32>(xv(row, k + 1u)), unpack2x16float(r1), b);
+            a = fma(vec2<f32>(xv(row, k + 2u)), unpack2x16float(r2), a);
+            b = fma(vec2<f32>(xv(row, k + 3u)), unpack2x16float(r3), b);
+            a = fma(vec2<f32>(xv(row, k + 4u)), unpack2x16float(r4), a);
+            b = fma(vec2<f32>(xv(row, k + 5u)), unpack2x16float(r5), b);
+            a = fma(vec2<f32>(xv(row, k + 6u)), unpack2x16float(r6), a);
+            b = fma(vec2<f32>(xv(row, k + 7u)), unpack2x16float(r7), b);
             k += 8u;
         }
         // Sixteen words per round while they last (long slices: fc2, the logits).
@@ -250,22 +258,22 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             let u13 = w[(k + 13u) * nw + cw];
             let u14 = w[(k + 14u) * nw + cw];
             let u15 = w[(k + 15u) * nw + cw];
-            a = fma(vec2<f32>(xv(0u, k + 0u)), unpack2x16float(u0), a);
-            b = fma(vec2<f32>(xv(0u, k + 1u)), unpack2x16float(u1), b);
-            a = fma(vec2<f32>(xv(0u, k + 2u)), unpack2x16float(u2), a);
-            b = fma(vec2<f32>(xv(0u, k + 3u)), unpack2x16float(u3), b);
-            a = fma(vec2<f32>(xv(0u, k + 4u)), unpack2x16float(u4), a);
-            b = fma(vec2<f32>(xv(0u, k + 5u)), unpack2x16float(u5), b);
-            a = fma(vec2<f32>(xv(0u, k + 6u)), unpack2x16float(u6), a);
-            b = fma(vec2<f32>(xv(0u, k + 7u)), unpack2x16float(u7), b);
-            a = fma(vec2<f32>(xv(0u, k + 8u)), unpack2x16float(u8), a);
-            b = fma(vec2<f32>(xv(0u, k + 9u)), unpack2x16float(u9), b);
-            a = fma(vec2<f32>(xv(0u, k + 10u)), unpack2x16float(u10), a);
-            b = fma(vec2<f32>(xv(0u, k + 11u)), unpack2x16float(u11), b);
-            a = fma(vec2<f32>(xv(0u, k + 12u)), unpack2x16float(u12), a);
-            b = fma(vec2<f32>(xv(0u, k + 13u)), unpack2x16float(u13), b);
-            a = fma(vec2<f32>(xv(0u, k + 14u)), unpack2x16float(u14), a);
-            b = fma(vec2<f32>(xv(0u, k + 15u)), unpack2x16float(u15), b);
+            a = fma(vec2<f32>(xv(row, k + 0u)), unpack2x16float(u0), a);
+            b = fma(vec2<f32>(xv(row, k + 1u)), unpack2x16float(u1), b);
+            a = fma(vec2<f32>(xv(row, k + 2u)), unpack2x16float(u2), a);
+            b = fma(vec2<f32>(xv(row, k + 3u)), unpack2x16float(u3), b);
+            a = fma(vec2<f32>(xv(row, k + 4u)), unpack2x16float(u4), a);
+            b = fma(vec2<f32>(xv(row, k + 5u)), unpack2x16float(u5), b);
+            a = fma(vec2<f32>(xv(row, k + 6u)), unpack2x16float(u6), a);
+            b = fma(vec2<f32>(xv(row, k + 7u)), unpack2x16float(u7), b);
+            a = fma(vec2<f32>(xv(row, k + 8u)), unpack2x16float(u8), a);
+            b = fma(vec2<f32>(xv(row, k + 9u)), unpack2x16float(u9), b);
+            a = fma(vec2<f32>(xv(row, k + 10u)), unpack2x16float(u10), a);
+            b = fma(vec2<f32>(xv(row, k + 11u)), unpack2x16float(u11), b);
+            a = fma(vec2<f32>(xv(row, k + 12u)), unpack2x16float(u12), a);
+            b = fma(vec2<f32>(xv(row, k + 13u)), unpack2x16float(u13), b);
+            a = fma(vec2<f32>(xv(row, k + 14u)), unpack2x16float(u14), a);
+            b = fma(vec2<f32>(xv(row, k + 15u)), unpack2x16float(u15), b);
         }
         for (; k + 8u <= k1; k += 8u) {
             let w0 = unpack2x16float(w[k * nw + cw]);
@@ -276,14 +284,14 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             let w5 = unpack2x16float(w[(k + 5u) * nw + cw]);
             let w6 = unpack2x16float(w[(k + 6u) * nw + cw]);
             let w7 = unpack2x16float(w[(k + 7u) * nw + cw]);
-            a = fma(vec2<f32>(xv(0u, k)), w0, a);
-            b = fma(vec2<f32>(xv(0u, k + 1u)), w1, b);
-            a = fma(vec2<f32>(xv(0u, k + 2u)), w2, a);
-            b = fma(vec2<f32>(xv(0u, k + 3u)), w3, b);
-            a = fma(vec2<f32>(xv(0u, k + 4u)), w4, a);
-            b = fma(vec2<f32>(xv(0u, k + 5u)), w5, b);
-            a = fma(vec2<f32>(xv(0u, k + 6u)), w6, a);
-            b = fma(vec2<f32>(xv(0u, k + 7u)), w7, b);
+            a = fma(vec2<f32>(xv(row, k)), w0, a);
+            b = fma(vec2<f32>(xv(row, k + 1u)), w1, b);
+            a = fma(vec2<f32>(xv(row, k + 2u)), w2, a);
+            b = fma(vec2<f32>(xv(row, k + 3u)), w3, b);
+            a = fma(vec2<f32>(xv(row, k + 4u)), w4, a);
+            b = fma(vec2<f32>(xv(row, k + 5u)), w5, b);
+            a = fma(vec2<f32>(xv(row, k + 6u)), w6, a);
+            b = fma(vec2<f32>(xv(row, k + 7u)), w7, b);
         }
         // The rest in a block of four (a loop of single loads would wait for each).
         if (k + 4u <= k1) {
@@ -291,14 +299,14 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
             let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
             let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
-            a = fma(vec2<f32>(xv(0u, k)), w0, a);
-            b = fma(vec2<f32>(xv(0u, k + 1u)), w1, b);
-            a = fma(vec2<f32>(xv(0u, k + 2u)), w2, a);
-            b = fma(vec2<f32>(xv(0u, k + 3u)), w3, b);
+            a = fma(vec2<f32>(xv(row, k)), w0, a);
+            b = fma(vec2<f32>(xv(row, k + 1u)), w1, b);
+            a = fma(vec2<f32>(xv(row, k + 2u)), w2, a);
+            b = fma(vec2<f32>(xv(row, k + 3u)), w3, b);
             k += 4u;
         }
         for (; k < k1; k++) {
-            a = fma(vec2<f32>(xv(0u, k)), unpack2x16float(w[k * nw + cw]), a);
+            a = fma(vec2<f32>(xv(row, k)), unpack2x16float(w[k * nw + cw]), a);
         }
     }
     let slot = kg * CP + li.x;
@@ -312,7 +320,7 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     }
     if (kg == 0u && cw < nw) {
         let s = red[li.x];
-        finish_pre(s.x, 2u * cw, eb.x, ey.x);
-        finish_pre(s.y, 2u * cw + 1u, eb.y, ey.y);
+        finish_pre(s.x, yb + 2u * cw, eb.x, ey.x);
+        finish_pre(s.y, yb + 2u * cw + 1u, eb.y, ey.y);
     }
 }

@@ -245,7 +245,9 @@ pub(crate) struct SelectParams {
     pub extra1: u32,
     pub probe: u32,
     pub logit_off: u32,
-    pub _pad: [u32; 2],
+    /// Word offset of the 8 output words in `out`.
+    pub out_off: u32,
+    pub _pad: u32,
 }
 
 /// Multi-head attention geometry and where Q, K, V and the output live.
@@ -358,6 +360,22 @@ impl Kernels {
         y: Rows,
         ep: Epilogue,
     ) -> Result<()> {
+        self.gemv_inner(rec, x, m, norm, w, bias, y, ep, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemv_inner(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: Option<NormArgs>,
+        w: &F16Matrix,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+        per_row: bool,
+    ) -> Result<()> {
         let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
             | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
             | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
@@ -380,15 +398,42 @@ impl Kernels {
         }
         let b = bias.unwrap_or(&self.zero);
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
-        let (kernel, cp) = if m > 1 {
-            (&self.gemv, GEMV_COLUMN_PAIRS)
+        // Per row: the M = 1 kernel with one grid layer per row, each row computed exactly as
+        // a lone row (what a verify pass needs); else the shared kernel for several rows.
+        let (kernel, cp, layers) = if m > 1 && !per_row {
+            (&self.gemv, GEMV_COLUMN_PAIRS, 1)
         } else if w.bytes() >= GEMV_WIDE_MIN_BYTES {
-            (&self.gemv_m1_wide, GEMV_WIDE_COLUMN_PAIRS)
+            (&self.gemv_m1_wide, GEMV_WIDE_COLUMN_PAIRS, m)
         } else {
-            (&self.gemv_m1, GEMV_COLUMN_PAIRS)
+            (&self.gemv_m1, GEMV_COLUMN_PAIRS, m)
         };
+        if per_row {
+            // Later rows re-read W, mostly from L2: booked at an eighth of its size.
+            cost.bytes += (m as u64 - 1) * w.bytes() / 8;
+        }
         let g = grid_1d((w.n / 2).div_ceil(cp));
-        rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
+        rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], layers], cost)
+    }
+
+    /// [`Kernels::linear_ln`] (or [`Kernels::linear`] with `norm` None) for up to
+    /// [`GEMV_MAX_ROWS`] rows, each row's result bit-identical to the same row alone (M = 1):
+    /// a speculative verify pass then reproduces single decode steps exactly.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_per_row(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: Option<NormArgs>,
+        w: &F16Matrix,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        if m == 0 || m > GEMV_MAX_ROWS {
+            return Err(Error::Invalid(format!("linear_per_row: {m} rows (1 to {GEMV_MAX_ROWS})")));
+        }
+        self.gemv_inner(rec, x, m, norm, w, bias, y, ep, true)
     }
 
     /// y[r] (=|+=) act(x[r] · Wᵀ + b) for `m` rows: the GEMV kernel for a few rows (decode),
@@ -637,7 +682,8 @@ pub(crate) fn select_params(
         extra1: rules.extra_suppress[1],
         probe: rules.probe,
         logit_off,
-        _pad: [0; 2],
+        out_off: 0,
+        _pad: 0,
     }
 }
 

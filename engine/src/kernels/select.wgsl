@@ -11,13 +11,15 @@
 // `main`, one workgroup merging the 64 partials (bound as `logits`). One workgroup over the
 // whole vocabulary was 94 us per step on the H200.
 //
-// out: [text_best, text_max, text_lse, ts_best, ts_max, ts_lse, raw_lse, probe_logit]
-// (floats as bits); an empty set gives best = 0xffffffff and max = lse = -inf.
+// out[out_off..]: [text_best, text_max, text_lse, ts_best, ts_max, ts_lse, raw_lse,
+// probe_logit] (floats as bits); an empty set gives best = 0xffffffff and max = lse = -inf.
+// `out_off` lets a verify pass select several rows (one pair of dispatches per row) into
+// one buffer read back once.
 
 struct Params {
     vocab: u32, ts_begin: u32, eot: u32, flags: u32,
     ts_lo: u32, ts_hi: u32, extra0: u32, extra1: u32,
-    probe: u32, logit_off: u32, _p0: u32, _p1: u32,
+    probe: u32, logit_off: u32, out_off: u32, _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -157,19 +159,20 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
     tree_merge(lid);
     if (lid == 0u) {
+        let o = p.out_off;
         for (var g = 0u; g < 2u; g++) {
             let i = g * WG;
             if (rs[i] == 0.0) {
-                out[3u * g] = NONE;
-                out[3u * g + 1u] = neg_inf_bits();
-                out[3u * g + 2u] = neg_inf_bits();
+                out[o + 3u * g] = NONE;
+                out[o + 3u * g + 1u] = neg_inf_bits();
+                out[o + 3u * g + 2u] = neg_inf_bits();
             } else {
-                out[3u * g] = ra[i];
-                out[3u * g + 1u] = bitcast<u32>(rm[i]);
-                out[3u * g + 2u] = bitcast<u32>(rm[i] + log(rs[i]));
+                out[o + 3u * g] = ra[i];
+                out[o + 3u * g + 1u] = bitcast<u32>(rm[i]);
+                out[o + 3u * g + 2u] = bitcast<u32>(rm[i] + log(rs[i]));
             }
         }
-        out[6] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
-        out[7] = bitcast<u32>(logits[GROUPS * PW]);
+        out[o + 6u] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
+        out[o + 7u] = bitcast<u32>(logits[GROUPS * PW]);
     }
 }

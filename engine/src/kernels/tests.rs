@@ -121,6 +121,70 @@ fn linear_ln_matches_reference() {
     run_linear_ln(&mut r, 2, 34, 39, false, true);
 }
 
+/// The verify pass's GEMV: every row of a per-row call equals, bit for bit, the same row
+/// computed alone (M = 1, as a decode step does), and the reference within rounding.
+fn run_linear_per_row(r: &mut StdRng, m: usize, n: usize, k: usize, with_norm: bool, gelu: bool, accumulate: bool) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
+    let gm = rand_vec(r, k, 1.0);
+    let bt = rand_vec(r, k, 0.5);
+    let w = f16_round(&rand_vec(r, n * k, 0.5));
+    let b = rand_vec(r, n, 0.5);
+    let y0 = rand_vec(r, m * n, 1.0);
+    let xb = g.upload_f32("x", &x).unwrap();
+    let gb = g.upload_f32("gamma", &gm).unwrap();
+    let bb_ = g.upload_f32("beta", &bt).unwrap();
+    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let ep = Epilogue { gelu, accumulate };
+    let norm = || with_norm.then_some(NormArgs { gamma: &gb, beta: &bb_, eps: 1e-5 });
+    let together = poisoned(m * n);
+    let alone = poisoned(m * n);
+    if accumulate {
+        g.write(&together, 0, bytemuck::cast_slice(&y0));
+        g.write(&alone, 0, bytemuck::cast_slice(&y0));
+    }
+    let mut rec = g.recorder();
+    kern.linear_per_row(&mut rec, Rows::new(&xb, k), m as u32, norm(), &wm, Some(&bb), Rows::new(&together, n), ep).unwrap();
+    for i in 0..m {
+        let (x1, y1) = (Rows::at(&xb, i * k, k), Rows::at(&alone, i * n, n));
+        let scratch = poisoned(k);
+        match norm() {
+            Some(nm) => kern.linear_ln(&mut rec, x1, 1, nm, &scratch, &wm, Some(&bb), y1, ep).unwrap(),
+            None => kern.linear(&mut rec, x1, 1, &wm, Some(&bb), y1, ep).unwrap(),
+        }
+    }
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&together, 0, m * n).unwrap();
+    let lone = g.read_f32(&alone, 0, m * n).unwrap();
+    for (i, (a, b)) in got.iter().zip(&lone).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "per-row m={m} n={n} k={k}: element {i} is {a}, alone {b}");
+    }
+    let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
+    let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
+    for (i, v) in want.iter_mut().enumerate() {
+        if gelu {
+            *v = ops::gelu(*v);
+        }
+        if accumulate {
+            *v += y0[i];
+        }
+    }
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "per-row m={m} n={n} k={k}: rel err {e}");
+}
+
+#[test]
+fn linear_per_row_equals_lone_rows_bit_for_bit() {
+    let mut r = rng("linear_per_row");
+    run_linear_per_row(&mut r, 3, 130, 45, false, false, false);
+    run_linear_per_row(&mut r, 5, 66, 131, true, true, true);
+    run_linear_per_row(&mut r, 8, 34, 77, true, false, true);
+    // Over 8 MiB: the wide M = 1 kernel.
+    run_linear_per_row(&mut r, 2, 4098, 1025, true, false, false);
+}
+
 #[test]
 fn linear_gemm_matches_reference() {
     let mut r = rng("linear_gemm");
@@ -351,11 +415,18 @@ fn select_matches_reference() {
         };
         let lb = g.upload_f32("logits", &logits).unwrap();
         let sb = g.upload_u32("suppress", &suppress_bitmask(&suppress, vocab)).unwrap();
-        let ob = poisoned(8);
+        // Odd trials write at word 8 (a verify pass's second row), leaving words 0..8 alone.
+        let out_off = 8 * (trial % 2);
+        let ob = poisoned(16);
         let mut rec = g.recorder();
-        kern.select(&mut rec, &lb, &sb, &select_params(&rules, vocab, ts_begin, eot, 0), &ob).unwrap();
+        let params = SelectParams { out_off, ..select_params(&rules, vocab, ts_begin, eot, 0) };
+        kern.select(&mut rec, &lb, &sb, &params, &ob).unwrap();
         rec.submit(None).unwrap();
-        let got = scores_from_words(&g.read_u32(&ob, 0, 8).unwrap());
+        let words = g.read_u32(&ob, 0, 16).unwrap();
+        if out_off > 0 {
+            assert!(words[..8].iter().all(|&w| w == NAN_BITS), "trial {trial}: words before out_off written");
+        }
+        let got = scores_from_words(&words[out_off as usize..out_off as usize + 8]);
         let want = ref_select::masked_scores(&logits, &suppress, &rules, ts_begin, eot);
         assert_eq!(got.text_best, want.text_best, "trial {trial}: text argmax");
         assert_eq!(got.ts_best, want.ts_best, "trial {trial}: timestamp argmax");

@@ -13,6 +13,10 @@
 //!   "LN +" is one GEMV dispatch (the norm folded in) and an attention over at most 256
 //!   keys one dispatch: 9 per layer. One submission and a 32-byte readback per call; the
 //!   logits stay on the GPU.
+//! - `verify(tokens)`: speculative decoding's check, up to 8 positions in one pass, every
+//!   GEMV in its per-row form (each row bit-identical to a lone decode step), the logits
+//!   and the masked selection of every position, 32 bytes back per position; `rollback`
+//!   drops positions past the first rejected draft (the KV length goes back).
 
 use std::sync::Arc;
 
@@ -29,6 +33,10 @@ use crate::kernels::{
 use crate::{Error, Result};
 
 const LN_EPS: f32 = 1e-5;
+
+/// Most positions in one verify pass: the per-row GEMV, the split attention and the
+/// selection's output rows are sized for it.
+pub const MAX_VERIFY: usize = crate::kernels::GEMV_MAX_ROWS as usize;
 
 /// The decoder's scratch and output buffers, borrowed field by field (so the dispatch
 /// cache can be borrowed mutably beside them).
@@ -158,6 +166,8 @@ pub struct GpuWhisper {
     pending: Option<PendingStep>,
     enc_cache: DispatchCache,
     dec_cache: DispatchCache,
+    /// Verify passes keep their own bind groups (another dispatch sequence).
+    ver_cache: DispatchCache,
 }
 
 fn ln(n: &Norm) -> NormArgs<'_> {
@@ -269,12 +279,13 @@ impl GpuWhisper {
             dec_attn: g.buffer("decoder attention", f32s(t * d))?,
             dec_h: g.buffer("decoder hidden", f32s(t * f))?,
             tokens: g.buffer("tokens", (t * 4) as u64)?,
-            logits: g.buffer("logits", f32s(dims.vocab))?,
+            // One row per verified position.
+            logits: g.buffer("logits", f32s(dims.vocab * MAX_VERIFY))?,
             suppress: g.upload_u32("suppress", &suppress_bitmask(&[], dims.vocab as u32))?,
-            select_out: g.buffer("select out", 32)?,
+            select_out: g.buffer("select out", 32 * MAX_VERIFY as u64)?,
             readback: g.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("select readback"),
-                size: 32,
+                size: 32 * MAX_VERIFY as u64,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
@@ -285,6 +296,7 @@ impl GpuWhisper {
             pending: None,
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
+            ver_cache: DispatchCache::default(),
             gpu,
         })
     }
@@ -418,13 +430,50 @@ impl GpuWhisper {
         self.host_times.0 += (t_submitted - t_record).as_secs_f64();
         self.host_times.1 += t_wait.elapsed().as_secs_f64();
         self.host_times.2 += 1;
-        let words: Vec<u32> = {
-            let view = self.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading scores back: {e}")))?;
-            bytemuck::pod_collect_to_vec(&view)
-        };
-        self.readback.unmap();
+        let words = self.read_scores(1)?;
         self.kv_len += n;
         Ok(scores_from_words(&words))
+    }
+
+    /// The first `rows` x 8 words of the mapped readback, then unmapped.
+    fn read_scores(&self, rows: usize) -> Result<Vec<u32>> {
+        let words: Vec<u32> = {
+            let view = self.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading scores back: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..rows * 32])
+        };
+        self.readback.unmap();
+        Ok(words)
+    }
+
+    /// Speculative decoding's verify pass (see `LogitSource::verify`).
+    fn verify_positions(&mut self, tokens: &[u32], rules: &[StepRules]) -> Result<Vec<StepScores>> {
+        let n = tokens.len();
+        let pos0 = self.kv_len;
+        let vocab = self.dims.vocab as u32;
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= vocab) {
+            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary of {vocab}")));
+        }
+        let t_record = std::time::Instant::now();
+        // The single step encoded ahead is for another position now.
+        self.pending = None;
+        let g = self.gpu.clone();
+        g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        let sps: Vec<SelectParams> = rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| SelectParams { out_off: 8 * i as u32, ..select_params(r, vocab, self.ts_begin, self.eot, i as u32 * vocab) })
+            .collect();
+        let mut rec = g.recorder_cached(&mut self.ver_cache);
+        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, &sps, true)?;
+        rec.submit(Some(&mut self.profile))?;
+        let t_wait = std::time::Instant::now();
+        g.map_and_wait(&self.readback)?;
+        self.host_times.0 += (t_wait - t_record).as_secs_f64();
+        self.host_times.1 += t_wait.elapsed().as_secs_f64();
+        self.host_times.2 += 1;
+        let words = self.read_scores(n)?;
+        self.kv_len += n;
+        Ok(words.chunks(8).map(scores_from_words).collect())
     }
 
     /// Record the decoder over `n` positions from `pos0` (tokens already in `tokens`), the
@@ -432,7 +481,7 @@ impl GpuWhisper {
     fn record_step(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<PendingStep> {
         let g = self.gpu.clone();
         let mut rec = g.recorder_cached(&mut self.dec_cache);
-        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, sp)?;
+        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         let select_slots = rec.last_param_slots(2);
         Ok(PendingStep { pos0, enc: rec.encode()?, select_slots })
     }
@@ -441,7 +490,7 @@ impl GpuWhisper {
     fn record_step_timed(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<()> {
         let g = self.gpu.clone();
         let mut rec = g.recorder_cached(&mut self.dec_cache);
-        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, sp)?;
+        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         rec.submit(Some(&mut self.profile))
     }
 
@@ -454,7 +503,8 @@ impl GpuWhisper {
         rec: &mut Recorder,
         n: usize,
         pos0: usize,
-        sp: &SelectParams,
+        sps: &[SelectParams],
+        per_row: bool,
     ) -> Result<()> {
         let d = dims.d_model;
         let (m, p0) = (n as u32, pos0 as u32);
@@ -463,7 +513,23 @@ impl GpuWhisper {
         let (acc, plain) = (Epilogue { gelu: false, accumulate: true }, Epilogue::default());
         let gelu = Epilogue { gelu: true, accumulate: false };
         // The same dispatches on the same buffers every step: bind groups are built once.
-        rec.stage(if n > 1 { "prefill" } else { "decode" });
+        rec.stage(if per_row && n > 1 {
+            "verify"
+        } else if n > 1 {
+            "prefill"
+        } else {
+            "decode"
+        });
+        // y (=|+=) act(LN(x) W + b) (`norm` Some) or act(x W + b): per row in a verify pass.
+        let lin = |rec: &mut Recorder, x: Rows, norm: Option<&Norm>, w: &Linear, y: Rows, ep: Epilogue| -> Result<()> {
+            if per_row {
+                return k.linear_per_row(rec, x, m, norm.map(ln), &w.w, Some(&w.b), y, ep);
+            }
+            match norm {
+                Some(nm) => k.linear_ln(rec, x, m, ln(nm), b.dec_xn, &w.w, Some(&w.b), y, ep),
+                None => k.linear(rec, x, m, &w.w, Some(&w.b), y, ep),
+            }
+        };
         k.embed(rec, &b.tokens, m, &b.emb, &b.dec_pos, p0, &b.dec_x)?;
         let x = Rows::new(&b.dec_x, d);
         let s3 = 3 * d;
@@ -471,7 +537,7 @@ impl GpuWhisper {
         // more rows go through the LayerNorm kernel into `dec_xn` and the tiled GEMM).
         for l in dec_layers {
             let qkv = Rows::at(&l.qkv_cache, pos0 * s3, s3);
-            k.linear_ln(rec, x, m, ln(&l.self_norm), &b.dec_xn, &l.qkv.w, Some(&l.qkv.b), qkv, plain)?;
+            lin(rec, x, Some(&l.self_norm), &l.qkv, qkv, plain)?;
             k.attention(
                 rec,
                 &AttentionArgs {
@@ -486,9 +552,9 @@ impl GpuWhisper {
                     causal: Some(p0),
                 },
             )?;
-            k.linear(rec, Rows::new(&b.dec_attn, d), m, &l.self_out.w, Some(&l.self_out.b), x, acc)?;
+            lin(rec, Rows::new(b.dec_attn, d), None, &l.self_out, x, acc)?;
             let q = Rows::new(&b.dec_q, d);
-            k.linear_ln(rec, x, m, ln(&l.cross_norm), &b.dec_xn, &l.cross_q.w, Some(&l.cross_q.b), q, plain)?;
+            lin(rec, x, Some(&l.cross_norm), &l.cross_q, q, plain)?;
             k.attention(
                 rec,
                 &AttentionArgs {
@@ -503,17 +569,24 @@ impl GpuWhisper {
                     causal: None,
                 },
             )?;
-            k.linear(rec, Rows::new(&b.dec_attn, d), m, &l.cross_out.w, Some(&l.cross_out.b), x, acc)?;
+            lin(rec, Rows::new(b.dec_attn, d), None, &l.cross_out, x, acc)?;
             let h = Rows::new(&b.dec_h, dims.ffn);
-            k.linear_ln(rec, x, m, ln(&l.ffn_norm), &b.dec_xn, &l.fc1.w, Some(&l.fc1.b), h, gelu)?;
-            k.linear(rec, h, m, &l.fc2.w, Some(&l.fc2.b), x, acc)?;
+            lin(rec, x, Some(&l.ffn_norm), &l.fc1, h, gelu)?;
+            lin(rec, h, None, &l.fc2, x, acc)?;
         }
-        // Only the last position's logits are needed: final LayerNorm folded into them.
-        let last = Rows::at(&b.dec_x, (n - 1) * d, d);
-        let logits = Rows::new(&b.logits, dims.vocab);
-        k.linear_ln(rec, last, 1, ln(&b.dec_norm), &b.dec_xn, &b.emb, None, logits, plain)?;
-        k.select(rec, b.logits, b.suppress, sp, b.select_out)?;
-        rec.copy(&b.select_out, 0, &b.readback, 0, 32);
+        // Final LayerNorm folded into the logits (tied embeddings): of the last position only,
+        // or of every position in a verify pass, each row then selected with its own rules.
+        let logits = Rows::new(b.logits, dims.vocab);
+        if per_row {
+            k.linear_per_row(rec, x, m, Some(ln(b.dec_norm)), b.emb, None, logits, plain)?;
+        } else {
+            let last = Rows::at(b.dec_x, (n - 1) * d, d);
+            k.linear_ln(rec, last, 1, ln(b.dec_norm), b.dec_xn, b.emb, None, logits, plain)?;
+        }
+        for sp in sps {
+            k.select(rec, b.logits, b.suppress, sp, b.select_out)?;
+        }
+        rec.copy(b.select_out, 0, b.readback, 0, 32 * sps.len() as u64);
         Ok(())
     }
 }
@@ -548,6 +621,42 @@ impl LogitSource for GpuWhisper {
             )));
         }
         self.decode_positions(tokens, rules)
+    }
+
+    fn max_verify(&self) -> usize {
+        MAX_VERIFY
+    }
+
+    fn verify(&mut self, tokens: &[u32], rules: &[StepRules]) -> Result<Vec<StepScores>> {
+        if !self.window_ready {
+            return Err(Error::Invalid("verify before begin_window".into()));
+        }
+        if tokens.is_empty() || tokens.len() > MAX_VERIFY || rules.len() != tokens.len() {
+            return Err(Error::Invalid(format!(
+                "verify takes 1 to {MAX_VERIFY} tokens with one rule set each, not {} and {}",
+                tokens.len(),
+                rules.len()
+            )));
+        }
+        if self.kv_len + tokens.len() > self.dims.text_ctx {
+            return Err(Error::Invalid(format!(
+                "{} decoder positions exceed the model's {}",
+                self.kv_len + tokens.len(),
+                self.dims.text_ctx
+            )));
+        }
+        self.verify_positions(tokens, rules)
+    }
+
+    fn rollback(&mut self, n: usize) -> Result<()> {
+        if n > self.kv_len {
+            return Err(Error::Invalid(format!("rollback of {n} positions with {} in the cache", self.kv_len)));
+        }
+        // The self-attention reads keys below the KV length only: the dropped positions are
+        // overwritten by the next pass. A step encoded ahead was for the old position.
+        self.kv_len -= n;
+        self.pending = None;
+        Ok(())
     }
 
     fn set_suppress(&mut self, ids: &[u32]) -> Result<()> {

@@ -1,0 +1,183 @@
+//! Draft sources for speculative decoding.
+//!
+//! A draft is a guess at the next few tokens. The decoding loop feeds the token it just
+//! chose and the draft to one verify pass ([`super::LogitSource::verify`]), keeps the
+//! longest prefix of the draft that greedy decoding would have chosen anyway plus the
+//! model's own next token, and rolls the state back past the first miss. The transcript
+//! is therefore exactly greedy's whatever the draft: a bad draft costs time, never text.
+//!
+//! Sources here cost no GPU work:
+//! - **hint**: a token sequence the caller expects, e.g. live mode's previous hypothesis
+//!   for the same audio (re-decoded 0.5 s later it mostly repeats). While the window's
+//!   tokens so far are a prefix of the hint, the rest of the hint is the draft.
+//! - **n-gram** ("prompt lookup"): the last few tokens are looked up in the hint and in the
+//!   text so far (the previous windows' text is in the prompt); what followed their latest
+//!   earlier occurrence is the draft.
+//!
+//! The draft length adapts: doubled after a fully accepted draft, halved after a draft
+//! rejected at its first token.
+
+use std::str::FromStr;
+
+use crate::Error;
+
+/// Which drafts the decoding loop tries (`--speculative`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Speculative {
+    /// Plain greedy decoding, one position per pass.
+    #[default]
+    Off,
+    /// The hint (when given), then n-gram lookup in the hint and the text so far.
+    Ngram,
+}
+
+impl Speculative {
+    pub const NAMES: [&'static str; 2] = ["off", "ngram"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Speculative::Off => "off",
+            Speculative::Ngram => "ngram",
+        }
+    }
+}
+
+impl FromStr for Speculative {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "off" => Ok(Speculative::Off),
+            "ngram" => Ok(Speculative::Ngram),
+            other => Err(Error::Invalid(format!(
+                "unknown draft source {other:?} (one of: {})",
+                Speculative::NAMES.join(", ")
+            ))),
+        }
+    }
+}
+
+/// Longest n-gram looked up; shorter ones are tried after it, down to one token.
+const MAX_NGRAM: usize = 3;
+/// First draft length.
+const START_DRAFT: usize = 4;
+
+/// Proposes drafts for one window and adapts their length.
+#[derive(Clone, Debug)]
+pub struct Drafter {
+    hint: Vec<u32>,
+    /// Tokens that end a draft (end of text: nothing follows it in a window).
+    stop: u32,
+    len: usize,
+}
+
+impl Drafter {
+    pub fn new(hint: &[u32], stop: u32) -> Self {
+        Drafter { hint: hint.to_vec(), stop, len: START_DRAFT }
+    }
+
+    /// Up to `min(limit, current length)` tokens likely to follow `sampled` (this window's
+    /// tokens so far), given `prompt` (the window's prompt, previous text included).
+    pub fn propose(&self, prompt: &[u32], sampled: &[u32], limit: usize) -> Vec<u32> {
+        let want = self.len.min(limit);
+        if want == 0 {
+            return Vec::new();
+        }
+        let take = |from: &[u32]| -> Vec<u32> { from.iter().take(want).take_while(|&&t| t != self.stop).copied().collect() };
+        // The hint, while this window follows it.
+        if sampled.len() < self.hint.len() && self.hint.starts_with(sampled) {
+            return take(&self.hint[sampled.len()..]);
+        }
+        let ctx: Vec<u32> = prompt.iter().chain(sampled).copied().collect();
+        for n in (1..=MAX_NGRAM.min(sampled.len())).rev() {
+            let key = &ctx[ctx.len() - n..];
+            // The latest occurrence in the hint, then in the text before the key itself.
+            if let Some(at) = last_occurrence(&self.hint, key) {
+                let d = take(&self.hint[at + n..]);
+                if !d.is_empty() {
+                    return d;
+                }
+            }
+            if let Some(at) = last_occurrence(&ctx[..ctx.len() - 1], key) {
+                let d = take(&ctx[at + n..]);
+                if !d.is_empty() {
+                    return d;
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    /// After a verify pass: `accepted` of `drafted` tokens were kept.
+    pub fn record(&mut self, drafted: usize, accepted: usize, max: usize) {
+        if drafted == 0 {
+            return;
+        }
+        if accepted == drafted {
+            self.len = (self.len * 2).min(max.max(1));
+        } else if accepted == 0 {
+            self.len = (self.len / 2).max(1);
+        }
+    }
+}
+
+/// Start of the last occurrence of `key` in `hay`.
+fn last_occurrence(hay: &[u32], key: &[u32]) -> Option<usize> {
+    if key.is_empty() || hay.len() < key.len() {
+        return None;
+    }
+    (0..=hay.len() - key.len()).rev().find(|&i| &hay[i..i + key.len()] == key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EOT: u32 = 99;
+
+    #[test]
+    fn draft_follows_the_hint_while_the_window_agrees_with_it() {
+        let d = Drafter::new(&[5, 6, 7, 8, 9, 10], EOT);
+        assert_eq!(d.propose(&[1, 2], &[], 8), vec![5, 6, 7, 8]);
+        assert_eq!(d.propose(&[1, 2], &[5, 6], 3), vec![7, 8, 9]);
+        // Diverged: the n-gram lookup finds "6" in the hint and drafts what followed it.
+        assert_eq!(d.propose(&[1, 2], &[5, 40, 6], 8), vec![7, 8, 9, 10]);
+    }
+
+    #[test]
+    fn draft_looks_up_the_longest_ngram_in_the_text_so_far() {
+        let d = Drafter::new(&[], EOT);
+        // "3 4" occurred in the prompt followed by 5 6; "4" alone last by 9.
+        let prompt = [3, 4, 5, 6, 7, 4, 9];
+        assert_eq!(d.propose(&prompt, &[3, 4], 8), vec![5, 6, 7, 4]);
+        assert_eq!(d.propose(&prompt, &[4], 2), vec![9, 4]);
+        assert_eq!(d.propose(&prompt, &[12], 8), Vec::<u32>::new());
+        // A draft ends before end of text.
+        assert_eq!(d.propose(&[8, 1, EOT, 2], &[8, 1], 8), Vec::<u32>::new());
+        assert_eq!(d.propose(&[8, 1, 3, EOT], &[8, 1], 8), vec![3]);
+    }
+
+    #[test]
+    fn draft_length_adapts_to_acceptance() {
+        let mut d = Drafter::new(&[1; 20], EOT);
+        assert_eq!(d.propose(&[], &[], 20).len(), 4);
+        d.record(4, 4, 7);
+        assert_eq!(d.propose(&[], &[], 20).len(), 7);
+        d.record(7, 0, 7);
+        assert_eq!(d.propose(&[], &[], 20).len(), 3);
+        d.record(3, 1, 7);
+        assert_eq!(d.propose(&[], &[], 20).len(), 3);
+        d.record(3, 0, 7);
+        d.record(1, 0, 7);
+        d.record(1, 0, 7);
+        assert_eq!(d.propose(&[], &[], 20).len(), 1);
+        assert_eq!(d.propose(&[], &[], 0).len(), 0);
+    }
+
+    #[test]
+    fn draft_source_names_parse() {
+        for name in Speculative::NAMES {
+            assert_eq!(name.parse::<Speculative>().unwrap().name(), name);
+        }
+        assert!("self-q5".parse::<Speculative>().is_err());
+    }
+}
