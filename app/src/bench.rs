@@ -10,7 +10,13 @@
 //! - the per-kernel table from timestamp queries (one pass per dispatch while timing, so a
 //!   dispatch's time includes a pass boundary), GB/s and % of a copy ceiling measured in
 //!   the same run (a vec4 copy kernel over two large buffers);
-//! - with `--file`, end-to-end time and real-time factor of transcribing it.
+//! - verify passes of 1..8 positions (speculative decoding's check of k = 0..7 drafts), ms
+//!   per pass, each followed by a rollback of all of them (the state is reused);
+//! - with `--file`, end-to-end time and real-time factor of transcribing it, and a live
+//!   replay: the file's prefixes every 0.5 s re-decoded as live mode does, without drafts
+//!   and with the previous hypothesis as the draft (`--speculative ngram`): decode ms per
+//!   token, acceptance, tokens per verify pass; every prefix's text must be the same both
+//!   ways (else the bench stops: a draft may never change the text).
 //!
 //! Every figure is the minimum over `--batches` timed batches (after a warm-up), with the
 //! spread (max / min) beside it. A binary, never a timed test.
@@ -243,6 +249,30 @@ fn bench(args: &Args) -> Result<(), String> {
         }
     }
 
+    // Verify passes of n positions (k = n - 1 drafts), rolled back after each.
+    let mut verify_ms = Vec::new();
+    if model.max_verify() > 0 {
+        for n in 1..=model.max_verify() {
+            let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
+            let rules_n = vec![rules; n];
+            let reps = 16;
+            let mut v = Vec::new();
+            for b in 0..=batches {
+                model.begin_window(&mel).map_err(err)?;
+                model.advance(&prompt4, &rules).map_err(err)?;
+                let t = Instant::now();
+                for _ in 0..reps {
+                    model.verify(&tokens, &rules_n).map_err(err)?;
+                    model.rollback(n).map_err(err)?;
+                }
+                if b > 0 {
+                    v.push(t.elapsed().as_secs_f64() * 1e3 / reps as f64);
+                }
+            }
+            verify_ms.push((n, stat(&v)));
+        }
+    }
+
     // Copy ceiling, then the per-kernel table (timestamps on).
     let copy_gbs = copy_ceiling(&gpu, args.copy_mib, batches)?;
     gpu.pause_profiling(false);
@@ -276,7 +306,7 @@ fn bench(args: &Args) -> Result<(), String> {
         times.remove(0);
         let tx = last.expect("at least one run");
         let st = stat(&times);
-        file_line = Some(format!(
+        let mut lines = vec![format!(
             "| end to end: {} ({:.1} s audio, {} tokens) | {:.1} ms | {:.2} | RTF {:.5} |",
             file.display(),
             tx.audio_seconds,
@@ -284,7 +314,9 @@ fn bench(args: &Args) -> Result<(), String> {
             st.min * 1e3,
             st.spread,
             st.min / tx.audio_seconds
-        ));
+        )];
+        lines.extend(live_replay(&mut tr, file, batches)?);
+        file_line = Some(lines.join("\n"));
     }
 
     // Report.
@@ -307,6 +339,15 @@ fn bench(args: &Args) -> Result<(), String> {
         println!("| decode step: wait for GPU + readback, ms | {w:.4} | | |");
     }
     println!("| dispatches per decode step | {per_step_dispatches:.1} | | |");
+    for (n, v) in &verify_ms {
+        println!(
+            "| verify pass, {n} positions (k = {} drafts), ms | {:.4} | {:.2} | {:.2}x a decode step; + rollback |",
+            n - 1,
+            v.min,
+            v.spread,
+            v.min / d.min
+        );
+    }
     println!("| copy ceiling, GB/s | {copy_gbs:.0} | | vec4 copy kernel, {} MiB buffers |", args.copy_mib);
     if let Some(l) = file_line {
         println!("{l}");
@@ -314,6 +355,65 @@ fn bench(args: &Args) -> Result<(), String> {
     println!();
     kernel_table(&profile, copy_gbs, prof_steps);
     Ok(())
+}
+
+/// Live mode's work on `file`: its prefixes every 0.5 s (from 1 s) transcribed in turn, each
+/// with the previous prefix's tokens as the draft hint (what live mode's recognizer does),
+/// against the same without drafts. Table rows: decode ms per token both ways.
+fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<String>, String> {
+    use engine::decode::draft::Speculative;
+    use engine::decode::whisper::SpecStats;
+    let err = |e: engine::Error| e.to_string();
+    let audio = engine::audio::decode_wav_file(file).map_err(err)?.to_mono_16k().map_err(err)?;
+    let step = 8_000;
+    let ends: Vec<usize> = (2..).map(|i| i * step).take_while(|&e| e < audio.len()).chain([audio.len()]).collect();
+    let mut texts: Vec<Vec<String>> = Vec::new();
+    let mut rows = Vec::new();
+    for spec in [Speculative::Off, Speculative::Ngram] {
+        let mut per_token = Vec::new();
+        let mut total = (0usize, SpecStats::default());
+        for b in 0..=batches {
+            let mut hint: Vec<u32> = Vec::new();
+            let (mut decode_s, mut tokens, mut sp) = (0.0, 0usize, SpecStats::default());
+            let mut run_texts = Vec::new();
+            for &end in &ends {
+                let mut opts = Options::default();
+                opts.decode.speculative = spec;
+                opts.decode.draft_hint = std::mem::take(&mut hint);
+                let t = tr.transcribe_samples(&audio[..end], &opts, &mut |_| {}).map_err(err)?;
+                decode_s += t.stages.iter().filter(|s| s.name == "decode steps").map(|s| s.seconds).sum::<f64>();
+                tokens += t.tokens;
+                sp.add(&t.spec);
+                hint = t.segments.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+                run_texts.push(t.text);
+            }
+            if b > 0 {
+                per_token.push(decode_s * 1e3 / tokens.max(1) as f64);
+                total = (tokens, sp);
+            }
+            if texts.len() < 2 && b == 0 {
+                texts.push(run_texts);
+            }
+        }
+        let st = stat(&per_token);
+        let (tokens, sp) = total;
+        rows.push(format!(
+            "| live replay ({} decodes of 0.5 s steps, {tokens} tokens), drafts {}: decode ms/token | {:.4} | {:.2} | {} |",
+            ends.len(),
+            spec.name(),
+            st.min,
+            st.spread,
+            if spec == Speculative::Off {
+                "one position per pass".to_string()
+            } else {
+                format!("{:.0} % of drafts accepted, {:.2} tokens per verify pass", sp.acceptance() * 100.0, sp.tokens_per_pass())
+            }
+        ));
+    }
+    if texts.len() == 2 && texts[0] != texts[1] {
+        return Err("the live replay's texts differ with and without drafts: speculative decoding changed the output".into());
+    }
+    Ok(rows)
 }
 
 /// The per-kernel table: GPU time per dispatch from timestamp queries, GB/s and % of copy.

@@ -190,7 +190,9 @@ impl VerbatimApp {
             let id = self.next_id;
             self.next_id += 1;
             let cancel = CancelFlag::new();
-            self.worker.send(Job::File { id, path: path.clone(), timestamps: self.settings.timestamps, cancel: cancel.clone() });
+            // An unknown name in a hand-edited settings file decodes plainly.
+            let speculative = self.settings.speculative.parse().unwrap_or_default();
+            self.worker.send(Job::File { id, path: path.clone(), timestamps: self.settings.timestamps, speculative, cancel: cancel.clone() });
             self.entries.push(Entry { id, path, state: EntryState::Queued, fraction: 0.0, started: None, cancel });
             self.tab = Tab::Files;
         }
@@ -659,6 +661,17 @@ impl VerbatimApp {
             if ui.checkbox(&mut self.settings.timestamps, "Timestamps (segments with times)").changed() {
                 changed = true;
             }
+            ui.horizontal(|ui| {
+                ui.label("Speculative decoding of files:");
+                for name in engine::decode::draft::Speculative::NAMES {
+                    if ui.selectable_label(self.settings.speculative == name, name).clicked() {
+                        self.settings.speculative = name.to_string();
+                        changed = true;
+                    }
+                }
+            })
+            .response
+            .on_hover_text("Drafts checked by batched verify passes: the same text, sooner when drafts hold. Live mode always drafts from its previous hypothesis.");
             if let Some(p) = &self.settings_path {
                 ui.label(RichText::new(format!("saved in {}", p.display())).small());
             }

@@ -244,6 +244,13 @@ impl LivePanel {
                     u.decode_time.map(|d| format!(", last decode {:.0} ms", d.as_secs_f64() * 1e3)).unwrap_or_default(),
                     latency_text(&self.latencies),
                 ));
+                if u.spec.passes > 0 {
+                    ui.label(format!(
+                        "drafts from the previous hypothesis: {:.0} % accepted, {:.2} tokens per verify pass",
+                        u.spec.acceptance() * 100.0,
+                        u.spec.tokens_per_pass()
+                    ));
+                }
             }
             ui.separator();
             egui::ScrollArea::vertical().id_salt("live-text").auto_shrink([false, false]).stick_to_bottom(true).show(ui, |ui| {

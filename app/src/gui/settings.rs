@@ -19,11 +19,15 @@ pub struct Settings {
     pub timestamps: bool,
     /// The input device for live transcription; None: the system default.
     pub microphone: Option<String>,
+    /// Speculative decoding of files: drafts from the text so far ("ngram"), or "off". The
+    /// text is the same either way; on speech read for the first time few drafts hold, so
+    /// the default is off (live mode always drafts from its previous hypothesis).
+    pub speculative: String,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { model_dir: None, adapter: None, timestamps: true, microphone: None }
+        Settings { model_dir: None, adapter: None, timestamps: true, microphone: None, speculative: "off".into() }
     }
 }
 
@@ -82,6 +86,7 @@ mod tests {
             adapter: Some("llvmpipe".into()),
             timestamps: false,
             microphone: Some("USB Mic".into()),
+            speculative: "ngram".into(),
         };
         save(&path, &s).unwrap();
         assert_eq!(load(&path), (s, None));

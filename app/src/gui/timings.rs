@@ -62,6 +62,9 @@ pub fn stage_bar(ui: &mut Ui, r: &FileResult) {
         t.tokens,
         t.windows
     ));
+    if t.speculative != engine::decode::draft::Speculative::Off {
+        ui.label(crate::transcribe::speculative_line(t.speculative, &t.spec));
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

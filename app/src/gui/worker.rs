@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
+use engine::decode::draft::Speculative;
 use engine::decode::CancelFlag;
 use engine::gpu::{Gpu, KernelStat};
 use engine::pipeline::{Options, Transcriber, Transcript};
@@ -20,7 +21,7 @@ pub enum Job {
     /// Load (or reload) the model: `None` is the default model, fetched when missing.
     LoadModel(Option<PathBuf>),
     /// Transcribe a file; `cancel` stops it between tokens.
-    File { id: u64, path: PathBuf, timestamps: bool, cancel: CancelFlag },
+    File { id: u64, path: PathBuf, timestamps: bool, speculative: Speculative, cancel: CancelFlag },
     /// Anything else that needs the model (the live session): runs on the worker thread.
     Run(Box<dyn FnOnce(&mut Transcriber, &Sender<Event>) + Send>),
 }
@@ -131,13 +132,13 @@ impl State {
     fn run(&mut self, job: Job, out: &Notifier) {
         match job {
             Job::LoadModel(dir) => self.load(dir, out),
-            Job::File { id, path, timestamps, cancel } => {
+            Job::File { id, path, timestamps, speculative, cancel } => {
                 out.send(Event::Started { id });
                 if cancel.is_set() {
                     out.send(Event::Cancelled { id });
                     return;
                 }
-                let outcome = self.transcribe(id, &path, timestamps, &cancel, out);
+                let outcome = self.transcribe(id, &path, timestamps, speculative, &cancel, out);
                 match outcome {
                     Err(Error::Cancelled) => out.send(Event::Cancelled { id }),
                     Err(e) => {
@@ -210,12 +211,14 @@ impl State {
         id: u64,
         path: &std::path::Path,
         timestamps: bool,
+        speculative: Speculative,
         cancel: &CancelFlag,
         out: &Notifier,
     ) -> Result<FileResult, Error> {
         let model = self.ready().map_err(Error::Invalid)?;
         model.reset_profile();
         let mut opts = Options { timestamps, ..Options::default() };
+        opts.decode.speculative = speculative;
         opts.decode.cancel = Some(cancel.clone());
         let transcript = model.transcribe_file_with_progress(path, &opts, &mut |fraction| {
             out.send(Event::Progress { id, fraction })

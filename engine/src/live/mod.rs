@@ -29,7 +29,8 @@ pub use gate::{GateOptions, Level};
 pub use session::LiveSession;
 pub use source::{AudioSource, FileSource, SourceState};
 
-use crate::decode::whisper::DecodeOptions;
+use crate::decode::draft::Speculative;
+use crate::decode::whisper::{DecodeOptions, SpecStats};
 use crate::decode::CancelFlag;
 use crate::pipeline::{Options, Transcriber};
 use crate::{Error, Result};
@@ -65,7 +66,9 @@ impl Default for LiveOptions {
             silence_reset_seconds: 2.0,
             prompt_chars: 200,
             gate: GateOptions::default(),
-            decode: DecodeOptions::default(),
+            // Each decode drafts from the previous hypothesis of the same audio (verified in
+            // batched passes: the text is the same as without, it only comes sooner).
+            decode: DecodeOptions { speculative: Speculative::Ngram, ..DecodeOptions::default() },
             update_interval: Duration::from_millis(50),
         }
     }
@@ -98,6 +101,8 @@ pub struct LiveUpdate {
     pub elapsed: Duration,
     /// The last update of the run.
     pub finished: bool,
+    /// Speculative decoding so far (drafts from the previous hypothesis).
+    pub spec: SpecStats,
 }
 
 /// A live run that ended in an error (a microphone unplugged, a device lost): the error,
@@ -144,6 +149,10 @@ pub struct HypSegment {
 /// Something that transcribes a buffer: Whisper on the GPU, or a script in the tests.
 pub trait Recognizer {
     fn recognize(&mut self, req: Request<'_>) -> Result<Vec<HypSegment>>;
+    /// What speculative decoding did over all requests so far.
+    fn spec(&self) -> SpecStats {
+        SpecStats::default()
+    }
 }
 
 /// Whisper through the file path's own entry point (`transcribe_samples`): what
@@ -151,11 +160,14 @@ pub trait Recognizer {
 pub struct Whisper<'a> {
     transcriber: &'a mut Transcriber,
     decode: DecodeOptions,
+    /// The last hypothesis's tokens: the next decode's draft (the same audio and 0.5 s more).
+    last_tokens: Vec<u32>,
+    spec: SpecStats,
 }
 
 impl<'a> Whisper<'a> {
     pub fn new(transcriber: &'a mut Transcriber, decode: DecodeOptions) -> Self {
-        Whisper { transcriber, decode }
+        Whisper { transcriber, decode, last_tokens: Vec::new(), spec: SpecStats::default() }
     }
 }
 
@@ -169,9 +181,16 @@ impl Recognizer for Whisper<'_> {
         let prompt = req.prompt.trim();
         decode.initial_prompt =
             if prompt.is_empty() { Vec::new() } else { self.transcriber.tokenizer().encode_text(&format!(" {prompt}"))? };
+        decode.draft_hint = std::mem::take(&mut self.last_tokens);
         let opts = Options { timestamps: true, decode };
         let t = self.transcriber.transcribe_samples(req.samples, &opts, &mut |_| {})?;
+        self.spec.add(&t.spec);
+        self.last_tokens = t.segments.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         Ok(t.segments.into_iter().map(|s| HypSegment { start: s.start, end: s.end, text: s.text }).collect())
+    }
+
+    fn spec(&self) -> SpecStats {
+        self.spec
     }
 }
 
@@ -254,7 +273,7 @@ pub fn run_live_with(
         if session.wants_decode() {
             match session.step(rec, stop, false) {
                 Ok(r) => {
-                    let u = session.update(Some(&r), meter.take(), start.elapsed(), false);
+                    let u = LiveUpdate { spec: rec.spec(), ..session.update(Some(&r), meter.take(), start.elapsed(), false) };
                     on_update(&u);
                     last_sent = Instant::now();
                 }
@@ -266,7 +285,7 @@ pub fn run_live_with(
             continue;
         }
         if last_sent.elapsed() >= opts.update_interval {
-            on_update(&session.update(None, meter.take(), start.elapsed(), false));
+            on_update(&LiveUpdate { spec: rec.spec(), ..session.update(None, meter.take(), start.elapsed(), false) });
             last_sent = Instant::now();
         }
         if raw.is_empty() {
@@ -284,7 +303,7 @@ pub fn run_live_with(
     if !flushed.newly.is_empty() || report.is_none() {
         report = Some(merge(report, flushed));
     }
-    let last = session.update(report.as_ref(), meter.take(), start.elapsed(), true);
+    let last = LiveUpdate { spec: rec.spec(), ..session.update(report.as_ref(), meter.take(), start.elapsed(), true) };
     on_update(&last);
     match failure {
         None => Ok(last),

@@ -344,6 +344,8 @@ impl LiveSession {
             voiced: self.is_voiced(),
             elapsed,
             finished,
+            // The recognizer's to fill in (run_live_with does).
+            spec: Default::default(),
         }
     }
 }
