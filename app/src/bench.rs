@@ -249,9 +249,23 @@ fn bench(args: &Args) -> Result<(), String> {
         }
     }
 
-    // Verify passes of n positions (k = n - 1 drafts), rolled back after each.
+    // Verify passes of n positions (k = n - 1 drafts), rolled back after each. Guard: a
+    // verify pass must give each position's scores bit for bit as single steps do (a
+    // driver that fuses differently in the multi-row kernel would change transcripts).
     let mut verify_ms = Vec::new();
     if model.max_verify() > 0 {
+        for n in [2, 3, 5, model.max_verify()] {
+            let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
+            model.begin_window(&mel).map_err(err)?;
+            model.advance(&prompt4, &rules).map_err(err)?;
+            let single = tokens.iter().map(|t| model.advance(&[*t], &rules)).collect::<Result<Vec<_>, _>>().map_err(err)?;
+            model.begin_window(&mel).map_err(err)?;
+            model.advance(&prompt4, &rules).map_err(err)?;
+            let verified = model.verify(&tokens, &vec![rules; n]).map_err(err)?;
+            if verified != single {
+                return Err(format!("a verify pass of {n} positions differs from single steps: {verified:?} vs {single:?}"));
+            }
+        }
         for n in 1..=model.max_verify() {
             let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
             let rules_n = vec![rules; n];
