@@ -63,6 +63,14 @@ pub struct GpuInfo {
     pub max_storage_binding: u64,
 }
 
+impl GpuInfo {
+    /// A CPU rasteriser (lavapipe, SwiftShader): rows of a batched pass cost about as much
+    /// as separate passes there, so speculative drafts do not pay.
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == "Cpu"
+    }
+}
+
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,

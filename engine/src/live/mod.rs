@@ -67,7 +67,8 @@ impl Default for LiveOptions {
             prompt_chars: 200,
             gate: GateOptions::default(),
             // Each decode drafts from the previous hypothesis of the same audio (verified in
-            // batched passes: the text is the same as without, it only comes sooner).
+            // batched passes: the text is the same as without, it only comes sooner; not on
+            // a CPU adapter, where a verify pass costs a step per position).
             decode: DecodeOptions { speculative: Speculative::Ngram, ..DecodeOptions::default() },
             update_interval: Duration::from_millis(50),
         }
@@ -182,6 +183,10 @@ impl Recognizer for Whisper<'_> {
         decode.initial_prompt =
             if prompt.is_empty() { Vec::new() } else { self.transcriber.tokenizer().encode_text(&format!(" {prompt}"))? };
         decode.draft_hint = std::mem::take(&mut self.last_tokens);
+        if self.transcriber.gpu().info.is_cpu() {
+            // On a CPU rasteriser a verify pass costs a step per position: drafts only lose.
+            decode.speculative = Speculative::Off;
+        }
         let opts = Options { timestamps: true, decode };
         let t = self.transcriber.transcribe_samples(req.samples, &opts, &mut |_| {})?;
         self.spec.add(&t.spec);
