@@ -339,7 +339,7 @@ impl Kernels {
         ep: Epilogue,
     ) -> Result<()> {
         if m <= GEMV_MAX_ROWS {
-            return self.gemv(rec, x, m, Some(norm), w, bias, y, ep);
+            return self.gemv(rec, x, m, Some(norm), w, bias, y, ep, false);
         }
         if x.stride != w.k {
             return Err(Error::Invalid(format!("linear_ln: rows of stride {} for a width of {}", x.stride, w.k)));
@@ -350,21 +350,6 @@ impl Kernels {
 
     #[allow(clippy::too_many_arguments)]
     fn gemv(
-        &self,
-        rec: &mut Recorder,
-        x: Rows,
-        m: u32,
-        norm: Option<NormArgs>,
-        w: &F16Matrix,
-        bias: Option<&Buffer>,
-        y: Rows,
-        ep: Epilogue,
-    ) -> Result<()> {
-        self.gemv_inner(rec, x, m, norm, w, bias, y, ep, false)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn gemv_inner(
         &self,
         rec: &mut Recorder,
         x: Rows,
@@ -433,7 +418,7 @@ impl Kernels {
         if m == 0 || m > GEMV_MAX_ROWS {
             return Err(Error::Invalid(format!("linear_per_row: {m} rows (1 to {GEMV_MAX_ROWS})")));
         }
-        self.gemv_inner(rec, x, m, norm, w, bias, y, ep, true)
+        self.gemv(rec, x, m, norm, w, bias, y, ep, true)
     }
 
     /// y[r] (=|+=) act(x[r] · Wᵀ + b) for `m` rows: the GEMV kernel for a few rows (decode),
@@ -449,7 +434,7 @@ impl Kernels {
         ep: Epilogue,
     ) -> Result<()> {
         if m <= GEMV_MAX_ROWS {
-            return self.gemv(rec, x, m, None, w, bias, y, ep);
+            return self.gemv(rec, x, m, None, w, bias, y, ep, false);
         }
         let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
             | if ep.gelu { GEMM_FLAG_GELU } else { 0 }

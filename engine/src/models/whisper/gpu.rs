@@ -389,13 +389,33 @@ impl GpuWhisper {
         self.gpu.read_f32(&self.logits, 0, self.dims.vocab)
     }
 
-    fn decode_positions(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores> {
-        let n = tokens.len();
-        let pos0 = self.kv_len;
+    /// What `advance` and `verify` require of the tokens they append: a window, at least one
+    /// token, ids in the vocabulary, room in the decoder context.
+    fn check_append(&self, call: &str, tokens: &[u32]) -> Result<()> {
+        if !self.window_ready {
+            return Err(Error::Invalid(format!("{call} before begin_window")));
+        }
+        if tokens.is_empty() {
+            return Err(Error::Invalid(format!("{call} with no tokens")));
+        }
         let vocab = self.dims.vocab as u32;
         if let Some(&bad) = tokens.iter().find(|&&t| t >= vocab) {
             return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary of {vocab}")));
         }
+        if self.kv_len + tokens.len() > self.dims.text_ctx {
+            return Err(Error::Invalid(format!(
+                "{} decoder positions exceed the model's {}",
+                self.kv_len + tokens.len(),
+                self.dims.text_ctx
+            )));
+        }
+        Ok(())
+    }
+
+    fn decode_positions(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores> {
+        let n = tokens.len();
+        let pos0 = self.kv_len;
+        let vocab = self.dims.vocab as u32;
         let t_record = std::time::Instant::now();
         let g = self.gpu.clone();
         g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
@@ -450,9 +470,6 @@ impl GpuWhisper {
         let n = tokens.len();
         let pos0 = self.kv_len;
         let vocab = self.dims.vocab as u32;
-        if let Some(&bad) = tokens.iter().find(|&&t| t >= vocab) {
-            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary of {vocab}")));
-        }
         let t_record = std::time::Instant::now();
         // The single step encoded ahead is for another position now.
         self.pending = None;
@@ -607,19 +624,7 @@ impl LogitSource for GpuWhisper {
     }
 
     fn advance(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores> {
-        if !self.window_ready {
-            return Err(Error::Invalid("advance before begin_window".into()));
-        }
-        if tokens.is_empty() {
-            return Err(Error::Invalid("advance with no tokens".into()));
-        }
-        if self.kv_len + tokens.len() > self.dims.text_ctx {
-            return Err(Error::Invalid(format!(
-                "{} decoder positions exceed the model's {}",
-                self.kv_len + tokens.len(),
-                self.dims.text_ctx
-            )));
-        }
+        self.check_append("advance", tokens)?;
         self.decode_positions(tokens, rules)
     }
 
@@ -628,21 +633,12 @@ impl LogitSource for GpuWhisper {
     }
 
     fn verify(&mut self, tokens: &[u32], rules: &[StepRules]) -> Result<Vec<StepScores>> {
-        if !self.window_ready {
-            return Err(Error::Invalid("verify before begin_window".into()));
-        }
-        if tokens.is_empty() || tokens.len() > MAX_VERIFY || rules.len() != tokens.len() {
+        self.check_append("verify", tokens)?;
+        if tokens.len() > MAX_VERIFY || rules.len() != tokens.len() {
             return Err(Error::Invalid(format!(
                 "verify takes 1 to {MAX_VERIFY} tokens with one rule set each, not {} and {}",
                 tokens.len(),
                 rules.len()
-            )));
-        }
-        if self.kv_len + tokens.len() > self.dims.text_ctx {
-            return Err(Error::Invalid(format!(
-                "{} decoder positions exceed the model's {}",
-                self.kv_len + tokens.len(),
-                self.dims.text_ctx
             )));
         }
         self.verify_positions(tokens, rules)
