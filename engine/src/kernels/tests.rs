@@ -24,6 +24,18 @@ fn f16_round(v: &[f32]) -> Vec<f32> {
 
 
 
+/// The GEMV/GEMM epilogue on the reference: GELU, then + the previous output.
+fn epilogue_ref(want: &mut [f32], gelu: bool, accumulate: bool, y0: &[f32]) {
+    for (v, y) in want.iter_mut().zip(y0) {
+        if gelu {
+            *v = ops::gelu(*v);
+        }
+        if accumulate {
+            *v += y;
+        }
+    }
+}
+
 fn run_linear(r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bool, accumulate: bool) {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
@@ -44,14 +56,7 @@ fn run_linear(r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bo
     rec.submit(None).unwrap();
     let got = g.read_f32(&yb, 0, m * n).unwrap();
     let mut want = ops::linear(&x, m, k, &w, n, bias.then_some(&b[..]));
-    for (i, v) in want.iter_mut().enumerate() {
-        if gelu {
-            *v = ops::gelu(*v);
-        }
-        if accumulate {
-            *v += y0[i];
-        }
-    }
+    epilogue_ref(&mut want, gelu, accumulate, &y0);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "linear m={m} n={n} k={k} bias={bias} gelu={gelu} acc={accumulate}: rel err {e}");
 }
@@ -98,14 +103,7 @@ fn run_linear_ln(r: &mut StdRng, m: usize, n: usize, k: usize, gelu: bool, accum
     let got = g.read_f32(&yb, 0, m * n).unwrap();
     let xn = ops::layer_norm(&x, m, k, &gm, &bt, 1e-5);
     let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
-    for (i, v) in want.iter_mut().enumerate() {
-        if gelu {
-            *v = ops::gelu(*v);
-        }
-        if accumulate {
-            *v += y0[i];
-        }
-    }
+    epilogue_ref(&mut want, gelu, accumulate, &y0);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "linear_ln m={m} n={n} k={k} gelu={gelu} acc={accumulate}: rel err {e}");
 }
@@ -163,14 +161,7 @@ fn run_linear_per_row(r: &mut StdRng, m: usize, n: usize, k: usize, with_norm: b
     }
     let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
     let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
-    for (i, v) in want.iter_mut().enumerate() {
-        if gelu {
-            *v = ops::gelu(*v);
-        }
-        if accumulate {
-            *v += y0[i];
-        }
-    }
+    epilogue_ref(&mut want, gelu, accumulate, &y0);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "per-row m={m} n={n} k={k}: rel err {e}");
 }
