@@ -18,6 +18,13 @@
 //!   token, acceptance, tokens per verify pass; every prefix's text must be the same both
 //!   ways (else the bench stops: a draft may never change the text).
 //!
+//! - the draft models of `--speculative self-q8|self-q4`: ms per `draft` call of 1 and 7
+//!   tokens (one submission each) at depths 1, half and all of the decoder's layers;
+//! - with `--file`, the file transcribed with every draft source: decode ms per emitted
+//!   token, acceptance, tokens per verify pass (the text must equal `off`'s, else the
+//!   bench stops);
+//! - `--quant q8_0|q4_0`: all of the above with the decoder's weights quantized.
+//!
 //! Every figure is the minimum over `--batches` timed batches (after a warm-up), with the
 //! spread (max / min) beside it. A binary, never a timed test.
 
@@ -34,6 +41,7 @@ use engine::models::whisper::ct2::DType;
 use engine::models::whisper::gpu::GpuWhisper;
 use engine::models::whisper::Dims;
 use engine::pipeline::{Options, Transcriber};
+use engine::quant::block::BlockFormat;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -60,6 +68,10 @@ pub struct Args {
     /// Copy-ceiling buffer size in MiB (clamped to the adapter's binding limit).
     #[arg(long, default_value_t = 512)]
     copy_mib: u64,
+
+    /// The decoder's weights in q8_0 or q4_0 (default f16).
+    #[arg(long, value_name = "FORMAT", value_parser = |s: &str| s.parse::<BlockFormat>().map_err(|e| e.to_string()))]
+    quant: Option<BlockFormat>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -167,12 +179,12 @@ fn bench(args: &Args) -> Result<(), String> {
     let ck = Checkpoint::open(&dir).map_err(|e| e.to_string())?;
     let dims = ck.dims;
     let (eot, ts_begin, no_speech) = specials(&dir, dims.vocab as u32, synthetic)?;
-    let mut model = GpuWhisper::load(gpu.clone(), &ck, eot, ts_begin).map_err(|e| e.to_string())?;
-    drop(ck);
+    let mut model = GpuWhisper::load_with(gpu.clone(), &ck, eot, ts_begin, args.quant).map_err(|e| e.to_string())?;
     println!(
-        "model: {} ({}; d {}, {} heads, {}+{} layers, vocab {}), loaded in {:.2} s",
+        "model: {} ({}; decoder {}; d {}, {} heads, {}+{} layers, vocab {}), loaded in {:.2} s",
         dir.display(),
         if synthetic { "synthetic f16" } else { "checkpoint" },
+        args.quant.map_or("f16", |q| q.name()),
         dims.d_model,
         dims.n_heads,
         dims.encoder_layers,
@@ -287,6 +299,36 @@ fn bench(args: &Args) -> Result<(), String> {
         }
     }
 
+    // Draft models: one `draft` call of k tokens is one submission of k decoder steps of
+    // the cut, quantized copy (the last context token recomputed each call here).
+    let mut draft_ms = Vec::new();
+    let mut depths = vec![1, dims.decoder_layers.div_ceil(2), dims.decoder_layers];
+    depths.dedup();
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4_0] {
+        for &layers in &depths {
+            model.set_draft(&ck, format, layers).map_err(err)?;
+            let mut row = Vec::new();
+            for k in [1, 7] {
+                let mut v = Vec::new();
+                for b in 0..=batches {
+                    model.begin_window(&mel).map_err(err)?;
+                    model.draft(&prompt4, k, true).map_err(err)?;
+                    let reps = 8;
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        model.draft(&prompt4, k, true).map_err(err)?;
+                    }
+                    if b > 0 {
+                        v.push(t.elapsed().as_secs_f64() * 1e3 / reps as f64);
+                    }
+                }
+                row.push(stat(&v));
+            }
+            draft_ms.push((format, layers, row));
+        }
+    }
+    drop(ck);
+
     // Copy ceiling, then the per-kernel table (timestamps on).
     let copy_gbs = copy_ceiling(&gpu, args.copy_mib, batches)?;
     gpu.pause_profiling(false);
@@ -307,7 +349,7 @@ fn bench(args: &Args) -> Result<(), String> {
             return Err("--file needs a real model directory (--model), not --synthetic".into());
         }
         drop(model);
-        let mut tr = Transcriber::load(gpu.clone(), &dir).map_err(err)?;
+        let mut tr = Transcriber::load_with(gpu.clone(), &dir, args.quant).map_err(err)?;
         let opts = Options::default();
         let mut times = Vec::new();
         let mut last = None;
@@ -329,6 +371,7 @@ fn bench(args: &Args) -> Result<(), String> {
             st.spread,
             st.min / tx.audio_seconds
         )];
+        lines.extend(file_drafts(&mut tr, file, batches)?);
         lines.extend(live_replay(&mut tr, file, batches)?);
         file_line = Some(lines.join("\n"));
     }
@@ -362,6 +405,17 @@ fn bench(args: &Args) -> Result<(), String> {
             v.min / d.min
         );
     }
+    for (format, layers, row) in &draft_ms {
+        println!(
+            "| draft {} {layers} layer(s): 1 token / 7 tokens per call, ms | {:.4} / {:.4} | {:.2} / {:.2} | {:.4} ms per further token |",
+            format.name(),
+            row[0].min,
+            row[1].min,
+            row[0].spread,
+            row[1].spread,
+            (row[1].min - row[0].min) / 6.0
+        );
+    }
     println!("| copy ceiling, GB/s | {copy_gbs:.0} | | vec4 copy kernel, {} MiB buffers |", args.copy_mib);
     if let Some(l) = file_line {
         println!("{l}");
@@ -369,6 +423,49 @@ fn bench(args: &Args) -> Result<(), String> {
     println!();
     kernel_table(&profile, copy_gbs, prof_steps);
     Ok(())
+}
+
+/// `file` transcribed with each draft source: decode ms per emitted token (the "decode
+/// steps" stage over the tokens), acceptance; every text must be `off`'s.
+fn file_drafts(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<String>, String> {
+    use engine::decode::draft::Speculative;
+    let err = |e: engine::Error| e.to_string();
+    let mut rows = Vec::new();
+    let mut plain_text = None;
+    for timestamps in [true, false] {
+        for spec in [Speculative::Off, Speculative::Ngram, Speculative::SelfQ8, Speculative::SelfQ4] {
+            let mut opts = Options { timestamps, ..Options::default() };
+            opts.decode.speculative = spec;
+            let mut per_token = Vec::new();
+            let mut last = None;
+            for b in 0..=batches {
+                let t = tr.transcribe_file(file, &opts).map_err(err)?;
+                let decode_s: f64 = t.stages.iter().filter(|s| s.name == "decode steps").map(|s| s.seconds).sum();
+                if b > 0 {
+                    per_token.push(decode_s * 1e3 / t.tokens.max(1) as f64);
+                }
+                last = Some(t);
+            }
+            let t = last.expect("one run");
+            if spec == Speculative::Off {
+                plain_text = Some(t.text.clone());
+            } else if plain_text.as_ref() != Some(&t.text) {
+                return Err(format!("{}: the text with drafts {} differs from off's", file.display(), spec.name()));
+            }
+            let st = stat(&per_token);
+            rows.push(format!(
+                "| file, {}, drafts {}: decode ms per emitted token | {:.4} | {:.2} | {} tokens; {:.0} % of drafts kept, {:.2} tokens per pass |",
+                if timestamps { "timestamps" } else { "no timestamps" },
+                spec.name(),
+                st.min,
+                st.spread,
+                t.tokens,
+                t.spec.acceptance() * 100.0,
+                t.spec.tokens_per_pass()
+            ));
+        }
+    }
+    Ok(rows)
 }
 
 /// Live mode's work on `file`: its prefixes every 0.5 s (from 1 s) transcribed in turn, each

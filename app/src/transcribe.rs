@@ -16,6 +16,7 @@ use clap::{CommandFactory, ValueEnum};
 use engine::decode::draft::Speculative;
 use engine::decode::whisper::SpecStats;
 use engine::gpu::{Gpu, GpuOptions};
+use engine::quant::block::BlockFormat;
 use engine::pipeline::{Options, Stage, Transcriber, Transcript};
 
 use crate::export::{self, Cue};
@@ -44,10 +45,20 @@ pub struct Args {
     #[arg(long)]
     timings: bool,
 
-    /// Speculative decoding: `ngram` drafts tokens from the text so far and checks each
-    /// draft in one batched verify pass; the transcript is exactly the same as `off`.
+    /// Speculative decoding: drafts checked in one batched verify pass each; the
+    /// transcript is exactly the same as `off`. `ngram` drafts from the text so far,
+    /// `self-q8` / `self-q4` with a quantized copy of the model's first decoder layers.
     #[arg(long, value_name = "SOURCE", default_value = "off", value_parser = parse_speculative)]
     speculative: Speculative,
+
+    /// Decoder layers of the `self-q8`/`self-q4` draft model [default: half, rounded up].
+    #[arg(long, value_name = "N")]
+    draft_layers: Option<usize>,
+
+    /// Decoder weights in ggml's q8_0 or q4_0 blocks instead of f16 (smaller, and the
+    /// transcript may differ: bench/RESULTS.md has the word error rates).
+    #[arg(long, value_name = "FORMAT", value_parser = parse_quant)]
+    quant: Option<BlockFormat>,
 
     /// After the text, print the per-kernel GPU table: dispatches, GPU time (timestamp
     /// queries, when the adapter has them), bytes moved and GB/s.
@@ -188,6 +199,7 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
 
     let mut opts = Options { timestamps: !args.no_timestamps, ..Options::default() };
     opts.decode.speculative = args.speculative;
+    opts.decode.draft_layers = args.draft_layers.unwrap_or(0);
     let several = args.files.len() > 1;
     // The timings table goes to stdout unless stdout carries a document that it would corrupt.
     let table_to_stdout = format == Format::Txt || args.output_dir.is_some();
@@ -300,7 +312,7 @@ fn load(args: &Args) -> Result<Transcriber, String> {
         None => default_model()?,
     };
     let gpu = Gpu::new(&GpuOptions { profile: args.kernels, ..Default::default() }).map_err(|e| e.to_string())?;
-    Transcriber::load(Arc::new(gpu), &model_dir).map_err(|e| e.to_string())
+    Transcriber::load_with(Arc::new(gpu), &model_dir, args.quant).map_err(|e| e.to_string())
 }
 
 /// The default model's directory, downloaded first when it is missing.
@@ -457,5 +469,9 @@ pub(crate) fn speculative_line(source: Speculative, spec: &SpecStats) -> String 
 }
 
 fn parse_speculative(s: &str) -> Result<Speculative, String> {
+    s.parse().map_err(|e: engine::Error| e.to_string())
+}
+
+fn parse_quant(s: &str) -> Result<BlockFormat, String> {
     s.parse().map_err(|e: engine::Error| e.to_string())
 }

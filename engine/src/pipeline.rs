@@ -12,10 +12,11 @@ use crate::audio::resample::to_16k;
 use crate::audio::{decode_wav_file, SAMPLE_RATE};
 use crate::decode::tokenizer::WhisperTokenizer;
 use crate::decode::draft::Speculative;
-use crate::decode::whisper::{suppress_list, transcribe, DecodeOptions, Segment, SpecStats};
+use crate::decode::whisper::{default_draft_layers, suppress_list, transcribe, DecodeOptions, Segment, SpecStats};
 use crate::gpu::Gpu;
 use crate::models::whisper::checkpoint::Checkpoint;
 use crate::models::whisper::gpu::GpuWhisper;
+use crate::quant::block::BlockFormat;
 use crate::{Error, Result};
 
 /// Zeros appended before the STFT, as faster-whisper's feature extractor does (one hop).
@@ -86,11 +87,16 @@ pub struct Transcriber {
 impl Transcriber {
     /// Load a CTranslate2 Whisper model directory onto `gpu`.
     pub fn load(gpu: Arc<Gpu>, model_dir: &Path) -> Result<Self> {
+        Self::load_with(gpu, model_dir, None)
+    }
+
+    /// [`Transcriber::load`] with the decoder's weights quantized to `quant` (`--quant`).
+    pub fn load_with(gpu: Arc<Gpu>, model_dir: &Path, quant: Option<BlockFormat>) -> Result<Self> {
         let t = Instant::now();
         let ck = Checkpoint::open(model_dir)?;
         let tokenizer = WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32)?;
         let sp = tokenizer.special().clone();
-        let model = GpuWhisper::load(gpu, &ck, sp.eot, sp.timestamp_begin)?;
+        let model = GpuWhisper::load_with(gpu, &ck, sp.eot, sp.timestamp_begin, quant)?;
         let suppress = suppress_list(&ck.config.suppress_ids, &sp);
         Ok(Transcriber { model_dir: model_dir.to_path_buf(), load_time: t.elapsed(), model, tokenizer, suppress })
     }
@@ -111,6 +117,29 @@ impl Transcriber {
 
     pub fn reset_profile(&mut self) {
         self.model.profile.clear();
+    }
+
+    /// The decoder's weight format (None: f16).
+    pub fn quant(&self) -> Option<BlockFormat> {
+        self.model.quant()
+    }
+
+    /// Make sure the draft model that `opts` asks for is built (`self-q8`/`self-q4`): it
+    /// is quantized from this model's checkpoint on first use and kept while the same
+    /// format and depth are asked for.
+    pub fn prepare_draft(&mut self, opts: &DecodeOptions) -> Result<()> {
+        let Some(format) = opts.speculative.draft_format() else {
+            return Ok(());
+        };
+        let layers = match opts.draft_layers {
+            0 => default_draft_layers(self.model.dims.decoder_layers),
+            n => n,
+        };
+        if self.model.draft_config() == Some((format, layers)) {
+            return Ok(());
+        }
+        let ck = Checkpoint::open(&self.model_dir)?;
+        self.model.set_draft(&ck, format, layers)
     }
 
     /// Transcribe one audio file.
@@ -158,6 +187,7 @@ impl Transcriber {
         let t_mel = t0.elapsed();
         let mut dopts = opts.decode.clone();
         dopts.timestamps = opts.timestamps;
+        self.prepare_draft(&dopts)?;
         let (segments, stats) = transcribe(&mut self.model, &mel, &self.tokenizer, &self.suppress, &dopts, progress)?;
         let text = segments.iter().map(|s| s.text.as_str()).collect::<String>().trim().to_string();
         let stages = vec![

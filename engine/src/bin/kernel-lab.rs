@@ -12,6 +12,9 @@
 //! - f16 **GEMV variants** at M = 1 (a batch-1 decode step) on a matrix far larger than any
 //!   last-level cache: the shipped kernel, rewrites of it that change one thing each, and a
 //!   lab template (`kernel_lab/gemv_m1.wgsl`) for changes the shipped kernel cannot express;
+//! - the **quantized GEMVs** (kernels/gemv_q.wgsl: ggml's q8_0 and q4_0 blocks) on the same
+//!   matrix quantized, as shipped and in their wide shape; their GB/s count the bytes they
+//!   really read (codes + scales), against the same copy ceiling;
 //! - the **pure-read ceiling** of each GEMV access pattern: the same loads, in the same order
 //!   and addressing, with no arithmetic; a GEMV near its read twin is limited by how it
 //!   addresses memory, not by its arithmetic, and only a different shape can help it;
@@ -52,7 +55,7 @@ const REL_BOUND: f64 = 1e-4;
 /// 65535 and one GiB of vec4 needs 262144 workgroups of 256).
 const GRID_ROW: u32 = 32768;
 
-const GEMV_PROD: &str = concat!(include_str!("../kernels/gelu.wgsl"), include_str!("../kernels/gemv.wgsl"));
+const GEMV_PROD: &str = engine::kernels::GEMV_SOURCE;
 const GEMV_TEMPLATE: &str = include_str!("kernel_lab/gemv_m1.wgsl");
 const COPY: &str = include_str!("kernel_lab/copy.wgsl");
 const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
@@ -884,6 +887,67 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
     Ok(row)
 }
 
+/// The block-quantized GEMVs (q8_0, q4_0) at M = 1, as shipped (16 columns x 16 K
+/// slices) and wide (64 x 4, what matrices of 8 MiB or more take), each checked against
+/// the CPU product with the dequantized weights before it is timed.
+fn gemv_q_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
+    use engine::quant::block::{BlockFormat, BlockQuant};
+    let gpu = lab.gpu;
+    let (nu, ku) = (n as usize, k as usize);
+    let mut st = 0x5eed_0b10_c0de_u64;
+    let w: Vec<f32> = (0..nu * ku).map(|_| unit(&mut st)).collect();
+    let x: Vec<f32> = (0..ku).map(|_| unit(&mut st)).collect();
+    let xb = gpu.upload_f32("lab gemv_q x", &x)?;
+    let zero = gpu.buffer("lab gemv_q zero", 16)?;
+    let params = lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
+    let ys = (0..reps).map(|_| gpu.buffer("lab gemv_q y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
+    let mut rows = Vec::new();
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4_0] {
+        let q = BlockQuant::quantize(format, &w, nu, ku)?;
+        let deq = q.dequantize();
+        let reference: Vec<f64> =
+            (0..nu).map(|c| deq[c * ku..(c + 1) * ku].iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum()).collect();
+        let codes = gpu.upload("lab gemv_q codes", bytemuck::cast_slice(&q.words))?;
+        let scales = gpu.upload("lab gemv_q scales", bytemuck::cast_slice(&q.scales))?;
+        let entry = if format == BlockFormat::Q8_0 { "main_q8" } else { "main_q4" };
+        for (shape, cq, edits) in [
+            ("16x16", 16u32, vec![]),
+            ("64x4 (wide)", 64, vec![("const CQ: u32 = 16u;", "const CQ: u32 = 64u;"), ("const KQ: u32 = 16u;", "const KQ: u32 = 4u;")]),
+        ] {
+            let name = format!("gemv_{}.{}", format.name(), if cq == 16 { "cq16" } else { "cq64" });
+            let mut row = Row::new(Section::Gemv, &name, &format!("kernels/gemv_q.wgsl {entry}, {shape} columns x slices"));
+            row.bytes = Some(q.bytes() + k as u64 * 4 + n as u64 * 4);
+            let src = engine::kernels::rewrite_source(&name, engine::kernels::GEMV_Q_SOURCE, &edits)?;
+            assert!(src.contains(&format!("const CQ: u32 = {cq}u;")), "{name}: host geometry and kernel disagree");
+            eprintln!("  {name}");
+            let r = Access::Read;
+            let kernel = gpu.kernel_entry(static_name(&format!("lab.{name}")), &src, entry, &[r, r, r, r, r, r, Access::ReadWrite])?;
+            let g = grid(n.div_ceil(cq) as u64);
+            let binds: Vec<wgpu::BindGroup> =
+                ys.iter().map(|y| lab.bind(&kernel, &params, &[&xb, &codes, &scales, &zero, &zero, &zero, y])).collect();
+            gpu.fill_u32(&ys[0], 0x7fc0_0000);
+            lab.run_once(&kernel, &binds[0], g)?;
+            let got = gpu.read_f32(&ys[0], 0, nu)?;
+            let (mut num, mut den) = (0f64, 0f64);
+            for (a, r) in got.iter().zip(&reference) {
+                num += (*a as f64 - r).powi(2);
+                den += r * r;
+            }
+            let rel = (num / den).sqrt();
+            if !rel.is_finite() || rel > REL_BOUND {
+                row.check = format!("WRONG rel {rel:.1e}");
+                rows.push(row);
+                continue;
+            }
+            row.check = format!("ok {rel:.0e}");
+            row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
+            row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
 // ---------------------------------------------------------------------------------------
 // Output
 
@@ -1045,6 +1109,8 @@ fn run(args: &Args) -> LabResult<()> {
         rows.push(gemv_row(&lab, &data, v, args.reps, sg_min)?);
     }
     drop(data);
+    eprintln!("quantized gemv");
+    rows.extend(gemv_q_rows(&lab, args.n, args.k, args.reps)?);
 
     eprintln!("dispatch and submit costs");
     rows.extend(chain_rows(&lab, args.chain)?);

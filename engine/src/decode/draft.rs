@@ -6,7 +6,8 @@
 //! model's own next token, and rolls the state back past the first miss. The transcript
 //! is therefore exactly greedy's whatever the draft: a bad draft costs time, never text.
 //!
-//! Sources here cost no GPU work:
+//! Sources here cost no GPU work (the other kind, a quantized draft model sharing the
+//! encoder output, lives with the model: `LogitSource::draft`, `--speculative self-q8`):
 //! - **hint**: a token sequence the caller expects, e.g. live mode's previous hypothesis
 //!   for the same audio (re-decoded 0.5 s later it mostly repeats). While the window's
 //!   tokens so far are a prefix of the hint, the rest of the hint is the draft.
@@ -29,15 +30,31 @@ pub enum Speculative {
     Off,
     /// The hint (when given), then n-gram lookup in the hint and the text so far.
     Ngram,
+    /// A copy of the model's first decoder layers with q8_0 weights drafts on the GPU.
+    SelfQ8,
+    /// The same with q4_0 weights.
+    SelfQ4,
 }
 
 impl Speculative {
-    pub const NAMES: [&'static str; 2] = ["off", "ngram"];
+    pub const NAMES: [&'static str; 4] = ["off", "ngram", "self-q8", "self-q4"];
 
     pub fn name(self) -> &'static str {
         match self {
             Speculative::Off => "off",
             Speculative::Ngram => "ngram",
+            Speculative::SelfQ8 => "self-q8",
+            Speculative::SelfQ4 => "self-q4",
+        }
+    }
+
+    /// The draft model's weight format, for the sources that draft with one.
+    pub fn draft_format(self) -> Option<crate::quant::block::BlockFormat> {
+        use crate::quant::block::BlockFormat;
+        match self {
+            Speculative::SelfQ8 => Some(BlockFormat::Q8_0),
+            Speculative::SelfQ4 => Some(BlockFormat::Q4_0),
+            Speculative::Off | Speculative::Ngram => None,
         }
     }
 }
@@ -48,6 +65,8 @@ impl FromStr for Speculative {
         match s {
             "off" => Ok(Speculative::Off),
             "ngram" => Ok(Speculative::Ngram),
+            "self-q8" => Ok(Speculative::SelfQ8),
+            "self-q4" => Ok(Speculative::SelfQ4),
             other => Err(Error::Invalid(format!(
                 "unknown draft source {other:?} (one of: {})",
                 Speculative::NAMES.join(", ")
@@ -105,6 +124,11 @@ impl Drafter {
             }
         }
         Vec::new()
+    }
+
+    /// How many tokens to draft now, at most `limit` (a draft model's request).
+    pub fn length(&self, limit: usize) -> usize {
+        self.len.min(limit)
     }
 
     /// After a verify pass: `accepted` of `drafted` tokens were kept.

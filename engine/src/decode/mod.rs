@@ -87,6 +87,13 @@ pub trait LogitSource {
         let _ = (tokens, rules);
         Err(crate::Error::Unsupported("this logit source has no verify pass".into()))
     }
+    /// A draft model's guess at up to `k` tokens following `context` (this window's prompt
+    /// and every token chosen so far, the last not yet fed to `advance`/`verify`), with
+    /// timestamp tokens allowed or not. Empty when the source has no draft model.
+    fn draft(&mut self, context: &[u32], k: usize, timestamps: bool) -> Result<Vec<u32>> {
+        let _ = (context, k, timestamps);
+        Ok(Vec::new())
+    }
     /// Forget the last `n` positions (the rejected drafts of a verify pass).
     fn rollback(&mut self, n: usize) -> Result<()> {
         let _ = n;

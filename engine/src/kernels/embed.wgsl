@@ -1,4 +1,5 @@
-// Decoder input: x[i][c] = embedding[token[i]][c] + position[pos0 + i][c].
+// Decoder input: x[i][c] = embedding[token[tok_off + i]][c] + position[pos0 + i][c]
+// (`tok_off`: a draft model keeps its tokens by position, the ones it chose itself included).
 // The embedding table is the f16 matrix that also projects to logits (tied), stored
 // k-major like every weight ([d][vocab], pairs packed along the vocabulary), so a token's
 // row is a strided column here: d reads per token, negligible next to the projection,
@@ -6,6 +7,7 @@
 
 struct Params {
     n_tok: u32, d: u32, pos0: u32, vocab: u32,
+    tok_off: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -23,7 +25,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     // An out-of-range id would read another row; clamp (the host validates ids anyway).
-    let t = min(tokens[i], p.vocab - 1u);
+    let t = min(tokens[p.tok_off + i], p.vocab - 1u);
     let vw = p.vocab / 2u;
     let c = 2u * cw;
     let e0 = unpack2x16float(emb[c * vw + t / 2u]);

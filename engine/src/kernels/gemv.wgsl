@@ -21,7 +21,8 @@
 // speculative verify pass over k+1 positions must reproduce k+1 single decode steps, or a
 // near tie could choose another token than plain greedy decoding. (`main` sums in another
 // order and is only for prompts.)
-// flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate; 16 LayerNorm.
+// flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate; 16 LayerNorm
+// (gemv_common.wgsl, prepended too, has the folded norm and the epilogue).
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
@@ -43,8 +44,6 @@ const KG: u32 = 32u;
 const WG: u32 = 256u; // CP * KG
 
 var<workgroup> red: array<vec2<f32>, 2048>; // [KG][MAXM][CP]
-var<workgroup> rs: array<f32, 256>;
-var<workgroup> stat: array<f32, 16>; // mean[MAXM], 1/sigma[MAXM]
 
 fn finish(v0: f32, n: u32, mi: u32) {
     var v = v0;
@@ -61,66 +60,17 @@ fn finish(v0: f32, n: u32, mi: u32) {
     y[o] = v;
 }
 
-// `finish` with the bias and the accumulated value loaded ahead (main_m1); `o` is the
-// output's index.
-fn finish_pre(v0: f32, o: u32, b: f32, yo: f32) {
-    var v = v0 + b;
-    if ((p.flags & 2u) != 0u) {
-        v = gelu(v);
-    }
-    y[o] = v + yo;
-}
-
-fn ln_on() -> bool {
-    return (p.flags & 16u) != 0u;
-}
-
-// Sum of v over the workgroup (every thread gets it). Uniform control flow.
-fn wg_sum(v: f32, lid: u32) -> f32 {
-    rs[lid] = v;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st = st / 2u) {
-        if (lid < st) {
-            rs[lid] += rs[lid + st];
-        }
-        workgroupBarrier();
-    }
-    let t = rs[0];
-    workgroupBarrier();
-    return t;
-}
-
-// LayerNorm statistics of rows [m0, m1) of X into `stat` (two-pass, as layernorm.wgsl).
+// LayerNorm statistics of rows [m0, m1) of X into `stat` (slot = row).
 fn row_stats(m0: u32, m1: u32, lid: u32) {
-    let kf = f32(p.k);
     for (var mi = m0; mi < m1; mi++) {
-        let xb = p.x_off + mi * p.x_stride;
-        var s = 0.0;
-        for (var c = lid; c < p.k; c += WG) {
-            s += x[xb + c];
-        }
-        let mean = wg_sum(s, lid) / kf;
-        var q = 0.0;
-        for (var c = lid; c < p.k; c += WG) {
-            let d = x[xb + c] - mean;
-            q += d * d;
-        }
-        let inv = inverseSqrt(wg_sum(q, lid) / kf + p.eps);
-        if (lid == 0u) {
-            stat[mi] = mean;
-            stat[MAXM + mi] = inv;
-        }
+        ln_stats(p.x_off + mi * p.x_stride, mi, lid);
     }
     workgroupBarrier();
 }
 
 // Element k of row mi of X' (normalised when flag 16 is set).
 fn xv(mi: u32, k: u32) -> f32 {
-    let v = x[p.x_off + mi * p.x_stride + k];
-    if (ln_on()) {
-        return (v - stat[mi]) * stat[MAXM + mi] * gamma[k] + beta[k];
-    }
-    return v;
+    return ln_apply(x[p.x_off + mi * p.x_stride + k], mi, k);
 }
 
 @compute @workgroup_size(CP, KG)

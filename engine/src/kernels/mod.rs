@@ -14,6 +14,7 @@ use bytemuck::{Pod, Zeroable};
 use wgpu::Buffer;
 
 use crate::gpu::{Access, Cost, Gpu, Kernel, Recorder};
+use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::{Error, Result};
 
 /// Workgroups of the selection's first pass (`GROUPS` in select.wgsl).
@@ -27,20 +28,49 @@ const GEMV_WIDE_COLUMN_PAIRS: u32 = 32;
 /// Matrices of at least this many bytes take the wide GEMV.
 const GEMV_WIDE_MIN_BYTES: u64 = 8 << 20;
 
-/// gemv.wgsl with `main_m1` reshaped to 32 column pairs x 8 K slices; every edit checked.
-fn gemv_wide_source() -> Result<String> {
-    let mut src = concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")).to_string();
-    for (from, to) in [
-        ("const CP: u32 = 8u;", "const CP: u32 = 32u;"),
-        ("const KG: u32 = 32u;", "const KG: u32 = 8u;"),
-        ("@workgroup_size(8, 32)\nfn main_m1", "@workgroup_size(32, 8)\nfn main_m1"),
-    ] {
-        if src.matches(from).count() != 1 {
-            return Err(Error::Invalid(format!("gemv.wgsl: expected {from:?} once for the wide GEMV")));
+/// gemv.wgsl as compiled: GELU and the shared LayerNorm / epilogue pieces prepended.
+pub const GEMV_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("gemv_common.wgsl"), include_str!("gemv.wgsl"));
+/// gemv_q.wgsl as compiled.
+pub const GEMV_Q_SOURCE: &str =
+    concat!(include_str!("gelu.wgsl"), include_str!("gemv_common.wgsl"), include_str!("gemv_q.wgsl"));
+
+/// `src` with each `(from, to)` applied, every one checked to occur exactly once (a
+/// reshaped kernel that silently kept its old shape would be measured as the new one).
+pub fn rewrite_source(name: &str, src: &str, edits: &[(&str, &str)]) -> Result<String> {
+    let mut out = src.to_string();
+    for (from, to) in edits {
+        if out.matches(from).count() != 1 {
+            return Err(Error::Invalid(format!("{name}: expected {from:?} once")));
         }
-        src = src.replace(from, to);
+        out = out.replace(from, to);
     }
-    Ok(src)
+    Ok(out)
+}
+
+/// gemv.wgsl with `main_m1` reshaped to 32 column pairs x 8 K slices.
+fn gemv_wide_source() -> Result<String> {
+    rewrite_source(
+        "gemv.wgsl (wide)",
+        GEMV_SOURCE,
+        &[
+            ("const CP: u32 = 8u;", "const CP: u32 = 32u;"),
+            ("const KG: u32 = 32u;", "const KG: u32 = 8u;"),
+            ("@workgroup_size(8, 32)\nfn main_m1", "@workgroup_size(32, 8)\nfn main_m1"),
+        ],
+    )
+}
+
+/// Columns per workgroup of the quantized GEMV (`CQ` in gemv_q.wgsl), and of its wide form.
+const GEMV_Q_COLUMNS: u32 = 16;
+const GEMV_Q_WIDE_COLUMNS: u32 = 64;
+
+/// gemv_q.wgsl reshaped to 64 columns x 4 K slices (large matrices: the logits).
+fn gemv_q_wide_source() -> Result<String> {
+    rewrite_source(
+        "gemv_q.wgsl (wide)",
+        GEMV_Q_SOURCE,
+        &[("const CQ: u32 = 16u;", "const CQ: u32 = 64u;"), ("const KQ: u32 = 16u;", "const KQ: u32 = 4u;")],
+    )
 }
 
 /// Largest number of activation rows the GEMV kernel takes; more go to the tiled GEMM.
@@ -108,6 +138,32 @@ impl F16Matrix {
 
     pub fn bytes(&self) -> u64 {
         self.n as u64 * self.k as u64 * 2
+    }
+}
+
+/// A block-quantized (q8_0 / q4_0) weight matrix on the GPU, in gemv_q.wgsl's layout (see
+/// `crate::quant::block`).
+pub struct QMatrix {
+    pub codes: Buffer,
+    pub scales: Buffer,
+    pub n: u32,
+    pub k: u32,
+    pub format: BlockFormat,
+}
+
+impl QMatrix {
+    pub fn upload(gpu: &Gpu, label: &str, q: &BlockQuant) -> Result<Self> {
+        Ok(QMatrix {
+            codes: gpu.upload(&format!("{label} codes"), bytemuck::cast_slice(&q.words))?,
+            scales: gpu.upload(&format!("{label} scales"), bytemuck::cast_slice(&q.scales))?,
+            n: q.n as u32,
+            k: q.k as u32,
+            format: q.format,
+        })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.codes.size() + self.scales.size()
     }
 }
 
@@ -218,6 +274,8 @@ struct EmbedParams {
     d: u32,
     pos0: u32,
     vocab: u32,
+    tok_off: u32,
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -277,6 +335,11 @@ pub struct Kernels {
     gemv_m1: Arc<Kernel>,
     /// `gemv_m1` as 32 column pairs x 8 K slices, for large matrices (the logits).
     gemv_m1_wide: Arc<Kernel>,
+    /// Block-quantized GEMVs (gemv_q.wgsl): q8_0, q4_0, and their wide forms.
+    gemv_q8: Arc<Kernel>,
+    gemv_q4: Arc<Kernel>,
+    gemv_q8_wide: Arc<Kernel>,
+    gemv_q4_wide: Arc<Kernel>,
     layernorm: Arc<Kernel>,
     attention: Arc<Kernel>,
     attention_tiled: Arc<Kernel>,
@@ -288,6 +351,8 @@ pub struct Kernels {
     copy_rows: Arc<Kernel>,
     select: Arc<Kernel>,
     select_partial: Arc<Kernel>,
+    /// The selection's merge writing only the chosen id (drafts chosen on the GPU).
+    select_pick: Arc<Kernel>,
     /// 64 partial reductions of the logits + the probe logit (see select.wgsl).
     select_partials: Buffer,
     zero: Buffer,
@@ -299,14 +364,13 @@ impl Kernels {
         Ok(Kernels {
             gemm: gpu.kernel("gemm_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
-            gemv: gpu.kernel("gemv_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")), &[R, R, R, R, R, W])?,
+            gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
             gemv_m1_wide: gpu.kernel_entry("gemv_m1_wide_f16", &gemv_wide_source()?, "main_m1", &[R, R, R, R, R, W])?,
-            gemv_m1: gpu.kernel_entry(
-                "gemv_m1_f16",
-                concat!(include_str!("gelu.wgsl"), include_str!("gemv.wgsl")),
-                "main_m1",
-                &[R, R, R, R, R, W],
-            )?,
+            gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
+            gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
+            gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
+            gemv_q8_wide: gpu.kernel_entry("gemv_wide_q8_0", &gemv_q_wide_source()?, "main_q8", &[R, R, R, R, R, R, W])?,
+            gemv_q4_wide: gpu.kernel_entry("gemv_wide_q4_0", &gemv_q_wide_source()?, "main_q4", &[R, R, R, R, R, R, W])?,
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
             attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
@@ -317,6 +381,7 @@ impl Kernels {
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
             select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W])?,
+            select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W])?,
             select_partials: gpu.buffer("select partials", (SELECT_GROUPS * 9 + 1) * 4)?,
             zero: gpu.buffer("zero", 16)?,
         })
@@ -419,6 +484,63 @@ impl Kernels {
             return Err(Error::Invalid(format!("linear_per_row: {m} rows (1 to {GEMV_MAX_ROWS})")));
         }
         self.gemv(rec, x, m, norm, w, bias, y, ep, true)
+    }
+
+    /// y[r] (=|+=) act(LayerNorm(x[r]) · deq(W)ᵀ + b) (`norm` Some) or act(x[r] · deq(W)ᵀ + b)
+    /// for any number of rows over block-quantized weights: one grid layer per row, each
+    /// row bit-identical to the same row alone (decode steps, verify passes and prompts
+    /// all take this one kernel).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_q(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: Option<NormArgs>,
+        w: &QMatrix,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        if m == 0 {
+            return Err(Error::Invalid("linear_q: no rows".into()));
+        }
+        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
+            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
+            | if norm.is_some() { GEMV_FLAG_LAYERNORM } else { 0 };
+        let params = GemvParams {
+            m,
+            n: w.n,
+            k: w.k,
+            flags,
+            x_off: x.off,
+            x_stride: x.stride,
+            y_off: y.off,
+            y_stride: y.stride,
+            eps: norm.map_or(0.0, |n| n.eps),
+            _pad: [0; 3],
+        };
+        // Later rows re-read W, mostly from L2: booked at an eighth of its size.
+        let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
+        cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };
+        let wide = w.bytes() >= GEMV_WIDE_MIN_BYTES;
+        let (kernel, cols) = match (w.format, wide) {
+            (BlockFormat::Q8_0, false) => (&self.gemv_q8, GEMV_Q_COLUMNS),
+            (BlockFormat::Q4_0, false) => (&self.gemv_q4, GEMV_Q_COLUMNS),
+            (BlockFormat::Q8_0, true) => (&self.gemv_q8_wide, GEMV_Q_WIDE_COLUMNS),
+            (BlockFormat::Q4_0, true) => (&self.gemv_q4_wide, GEMV_Q_WIDE_COLUMNS),
+        };
+        let b = bias.unwrap_or(&self.zero);
+        let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
+        let g = grid_1d(w.n.div_ceil(cols));
+        rec.dispatch(
+            kernel,
+            bytemuck::bytes_of(&params),
+            &[x.buf, &w.codes, &w.scales, b, gamma, beta, y.buf],
+            [g[0], g[1], m],
+            cost,
+        )
     }
 
     /// y[r] (=|+=) act(x[r] · Wᵀ + b) for `m` rows: the GEMV kernel for a few rows (decode),
@@ -561,12 +683,13 @@ impl Kernels {
         rec.dispatch(&self.attention, bytemuck::bytes_of(&params), &[a.q.buf, a.k.buf, a.v.buf, a.out.buf], [x, a.heads, z], cost)
     }
 
-    /// x[i] = emb[tokens[i]] + pos[pos0 + i] for i < n_tok (d channels).
+    /// x[i] = emb[tokens[tok_off + i]] + pos[pos0 + i] for i < n_tok (d channels).
     #[allow(clippy::too_many_arguments)]
     pub fn embed(
         &self,
         rec: &mut Recorder,
         tokens: &Buffer,
+        tok_off: u32,
         n_tok: u32,
         emb: &F16Matrix,
         pos: &Buffer,
@@ -574,7 +697,7 @@ impl Kernels {
         x: &Buffer,
     ) -> Result<()> {
         let d = emb.k;
-        let params = EmbedParams { n_tok, d, pos0, vocab: emb.n };
+        let params = EmbedParams { n_tok, d, pos0, vocab: emb.n, tok_off, _pad: [0; 3] };
         let cost = Cost { bytes: n_tok as u64 * d as u64 * (2 + 4 + 4), flops: n_tok as u64 * d as u64 };
         rec.dispatch(&self.embed, bytemuck::bytes_of(&params), &[tokens, &emb.buf, pos, x], [(d / 2).div_ceil(64), n_tok, 1], cost)
     }
@@ -601,6 +724,19 @@ impl Kernels {
         rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials], [SELECT_GROUPS as u32, 1, 1], cost)?;
         let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 32, flops: SELECT_GROUPS * 9 };
         rec.dispatch(&self.select, p, &[&self.select_partials, suppress, out], [1, 1, 1], merge)
+    }
+
+    /// The same selection, but only its choice is written, as a token id into
+    /// `ids[params.out_off]`: the allowed timestamp when the best one's logit is above the
+    /// best text token's, else the text token (eot when nothing is allowed). A draft made
+    /// on the GPU feeds it to its next step without a round trip (not Whisper's full rules:
+    /// a draft only has to be likely; the verify pass applies the rules).
+    pub(crate) fn select_pick(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &SelectParams, ids: &Buffer) -> Result<()> {
+        let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
+        let p = bytemuck::bytes_of(params);
+        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials], [SELECT_GROUPS as u32, 1, 1], cost)?;
+        let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 4, flops: SELECT_GROUPS * 9 };
+        rec.dispatch(&self.select_pick, p, &[&self.select_partials, suppress, ids], [1, 1, 1], merge)
     }
 }
 

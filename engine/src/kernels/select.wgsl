@@ -13,6 +13,8 @@
 //
 // out[out_off..]: [text_best, text_max, text_lse, ts_best, ts_max, ts_lse, raw_lse,
 // probe_logit] (floats as bits); an empty set gives best = 0xffffffff and max = lse = -inf.
+// `main_pick` is `main` writing only the choice, as a token id at out[out_off] (a draft
+// model's next input; see Kernels::select_pick).
 // `out_off` lets a verify pass select several rows (one pair of dispatches per row) into
 // one buffer read back once.
 
@@ -145,9 +147,8 @@ fn main_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) lid: u32) {
-    // `logits` is the partials buffer here.
+// Load the 64 partials (bound as `logits`) and merge them into slot 0 of each group.
+fn merge_partials(lid: u32) {
     for (var g = 0u; g < 3u; g++) {
         var acc = Acc(NEG, 0.0, NONE);
         if (lid < GROUPS) {
@@ -158,6 +159,12 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         rm[g * WG + lid] = acc.m; rs[g * WG + lid] = acc.s; ra[g * WG + lid] = acc.a;
     }
     tree_merge(lid);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    // `logits` is the partials buffer here.
+    merge_partials(lid);
     if (lid == 0u) {
         let o = p.out_off;
         for (var g = 0u; g < 2u; g++) {
@@ -174,5 +181,20 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         }
         out[o + 6u] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
         out[o + 7u] = bitcast<u32>(logits[GROUPS * PW]);
+    }
+}
+
+@compute @workgroup_size(256)
+fn main_pick(@builtin(local_invocation_index) lid: u32) {
+    merge_partials(lid);
+    if (lid == 0u) {
+        var id = p.eot;
+        if (rs[0] != 0.0) {
+            id = ra[0];
+        }
+        if (rs[WG] != 0.0 && (rs[0] == 0.0 || rm[WG] > rm[0])) {
+            id = ra[WG];
+        }
+        out[p.out_off] = id;
     }
 }

@@ -9,6 +9,7 @@ use rand::Rng;
 
 use super::*;
 use crate::decode::StepRules;
+use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::reference::{ops, select as ref_select};
 use crate::testgpu::{gpu, poisoned, rand_vec, rel_err, rng, NAN_BITS};
 
@@ -338,17 +339,29 @@ fn embed_matches_reference() {
     let pos = rand_vec(&mut r, ctx * d, 1.0);
     let tokens: Vec<u32> = (0..n_tok).map(|_| r.random_range(0..vocab as u32)).collect();
     let em = F16Matrix::from_bits(g, "emb", &f16_bits(&emb), vocab, d).unwrap();
-    let (tb, pb) = (g.upload_u32("tok", &tokens).unwrap(), g.upload_f32("pos", &pos).unwrap());
+    let pb = g.upload_f32("pos", &pos).unwrap();
     let xb = poisoned(n_tok * d);
+    // The tokens from offset 2 of the buffer (a draft model keeps them by position).
+    let tok_off = 2;
+    let mut stored: Vec<u32> = vec![vocab as u32 + 7; tok_off];
+    stored.extend_from_slice(&tokens);
+    let tb = g.upload_u32("tok at 2", &stored).unwrap();
+    let xb2 = poisoned(n_tok * d);
     let mut rec = g.recorder();
-    kern.embed(&mut rec, &tb, n_tok as u32, &em, &pb, pos0 as u32, &xb).unwrap();
+    kern.embed(&mut rec, &tb, 0, n_tok as u32, &em, &pb, pos0 as u32, &xb).unwrap();
+    kern.embed(&mut rec, &tb, tok_off as u32, n_tok as u32, &em, &pb, pos0 as u32, &xb2).unwrap();
     rec.submit(None).unwrap();
-    let got = g.read_f32(&xb, 0, n_tok * d).unwrap();
+    let got = g.read_f32(&xb2, 0, n_tok * d).unwrap();
     let want: Vec<f32> = (0..n_tok)
         .flat_map(|i| (0..d).map(move |c| (i, c)))
         .map(|(i, c)| emb[tokens[i] as usize * d + c] + pos[(pos0 + i) * d + c])
         .collect();
     assert!(rel_err(&got, &want) < 1e-7);
+    // From offset 0 the first two ids are out of range (clamped to the last row), the
+    // rest are shifted: different rows than the offset read.
+    let got0 = g.read_f32(&xb, 0, n_tok * d).unwrap();
+    assert_eq!(got0[0], emb[(vocab - 1) * d] + pos[pos0 * d]);
+    assert_ne!(got0, got);
 }
 
 #[test]
@@ -433,6 +446,120 @@ fn select_matches_reference() {
             assert!(ok, "trial {trial}: {name} gpu {a} ref {b}");
         }
     }
+}
+
+/// The draft's pick: the same masked reductions, only the choice written as a token id
+/// (timestamp when its best logit beats the best text token's; eot when nothing is allowed).
+#[test]
+fn select_pick_writes_the_masked_choice() {
+    let mut r = rng("select_pick");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
+    for trial in 0..8 {
+        let mut logits = rand_vec(&mut r, vocab as usize, 8.0);
+        if trial % 2 == 0 {
+            logits[ts_begin as usize + 50 + trial] = 40.0; // a timestamp on top
+        }
+        let suppress: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
+        let rules = StepRules {
+            mask_text: false,
+            mask_non_timestamps: trial == 5,
+            ts_lo: ts_begin,
+            ts_hi: if trial == 3 || trial == 5 { ts_begin } else { vocab },
+            extra_suppress: [u32::MAX, u32::MAX],
+            probe: u32::MAX,
+        };
+        let lb = g.upload_f32("logits", &logits).unwrap();
+        let sb = g.upload_u32("suppress", &suppress_bitmask(&suppress, vocab)).unwrap();
+        let ids = poisoned(4);
+        let mut rec = g.recorder();
+        let params = SelectParams { out_off: 2, ..select_params(&rules, vocab, ts_begin, eot, 0) };
+        kern.select_pick(&mut rec, &lb, &sb, &params, &ids).unwrap();
+        rec.submit(None).unwrap();
+        let got = g.read_u32(&ids, 0, 4).unwrap();
+        assert_eq!([got[0], got[1], got[3]], [NAN_BITS; 3], "trial {trial}: wrote beside out_off");
+        let s = ref_select::masked_scores(&logits, &suppress, &rules, ts_begin, eot);
+        let want = match (s.text_best != u32::MAX, s.ts_best != u32::MAX) {
+            (_, true) if s.text_best == u32::MAX || s.ts_max > s.text_max => s.ts_best,
+            (true, _) => s.text_best,
+            _ => eot,
+        };
+        assert_eq!(got[2], want, "trial {trial}");
+    }
+}
+
+/// Block-quantized weights for a test: random f32 quantized, and what the GPU multiplies by.
+fn quantized(r: &mut StdRng, format: BlockFormat, n: usize, k: usize) -> (BlockQuant, Vec<f32>) {
+    let w = rand_vec(r, n * k, 0.5);
+    let q = BlockQuant::quantize(format, &w, n, k).unwrap();
+    let deq = q.dequantize();
+    (q, deq)
+}
+
+/// The quantized GEMV against the reference (dequantized weights, f64 sums), and every
+/// row of a many-row call bit-identical to the same row alone.
+fn run_linear_q(r: &mut StdRng, format: BlockFormat, m: usize, n: usize, k: usize, with_norm: bool, gelu: bool, accumulate: bool) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
+    let gm = rand_vec(r, k, 1.0);
+    let bt = rand_vec(r, k, 0.5);
+    let (q, w) = quantized(r, format, n, k);
+    let b = rand_vec(r, n, 0.5);
+    let y0 = rand_vec(r, m * n, 1.0);
+    // X sits at an offset in a longer buffer with poison past its end: a last block's
+    // padding must not read beyond K.
+    let mut xs = vec![f32::NAN; 3];
+    xs.extend_from_slice(&x);
+    xs.extend_from_slice(&[f32::NAN; 40]);
+    let xb = g.upload_f32("x", &xs).unwrap();
+    let gb = g.upload_f32("gamma", &gm).unwrap();
+    let bb_ = g.upload_f32("beta", &bt).unwrap();
+    let wm = QMatrix::upload(g, "w", &q).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let ep = Epilogue { gelu, accumulate };
+    let norm = || with_norm.then_some(NormArgs { gamma: &gb, beta: &bb_, eps: 1e-5 });
+    let together = poisoned(m * n);
+    let alone = poisoned(m * n);
+    if accumulate {
+        g.write(&together, 0, bytemuck::cast_slice(&y0));
+        g.write(&alone, 0, bytemuck::cast_slice(&y0));
+    }
+    let mut rec = g.recorder();
+    kern.linear_q(&mut rec, Rows::at(&xb, 3, k), m as u32, norm(), &wm, Some(&bb), Rows::new(&together, n), ep).unwrap();
+    for i in 0..m {
+        kern.linear_q(&mut rec, Rows::at(&xb, 3 + i * k, k), 1, norm(), &wm, Some(&bb), Rows::at(&alone, i * n, n), ep).unwrap();
+    }
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&together, 0, m * n).unwrap();
+    let lone = g.read_f32(&alone, 0, m * n).unwrap();
+    let what = format!("{format:?} m={m} n={n} k={k} norm={with_norm} gelu={gelu} acc={accumulate}");
+    for (i, (a, b)) in got.iter().zip(&lone).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {i} is {a}, alone {b}");
+    }
+    let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
+    let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
+    epilogue_ref(&mut want, gelu, accumulate, &y0);
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "{what}: rel err {e}");
+}
+
+#[test]
+fn linear_q_matches_reference_and_rows_equal_lone_rows() {
+    let mut r = rng("linear_q");
+    for format in [BlockFormat::Q8_0, BlockFormat::Q4_0] {
+        // K a multiple of 32 and not (a padded last block), N odd-sized against the
+        // workgroup's 16 columns, one row and several (a prompt goes through it too).
+        run_linear_q(&mut r, format, 1, 34, 64, false, false, false);
+        run_linear_q(&mut r, format, 3, 130, 45, true, false, false);
+        run_linear_q(&mut r, format, 1, 66, 131, true, true, true);
+        run_linear_q(&mut r, format, 11, 20, 384, false, false, true);
+        run_linear_q(&mut r, format, 2, 6, 7, true, false, false);
+    }
+    // Over 8 MiB of codes: the wide form.
+    run_linear_q(&mut r, BlockFormat::Q8_0, 2, 8210, 1040, true, false, false);
+    run_linear_q(&mut r, BlockFormat::Q4_0, 1, 16402, 1056, false, false, false);
 }
 
 #[test]

@@ -14,9 +14,13 @@
 //! with [`ErrorReport`]s: a check of the quantized matrix against the weights it came from
 //! and the format's bounds (see each type's documentation for the bound and why it holds).
 //!
+//! [`block`] holds ggml's q8_0 / q4_0 block formats, used for Whisper's decoder weights
+//! (`--quant`, and the quantized draft model of speculative decoding).
+//!
 //! [`QuantMatrix`] is either format behind one interface (the expert banks and the host's
 //! share of a partly resident MoE layer use it).
 
+pub mod block;
 mod q4tp;
 mod q8_2f;
 #[cfg(test)]

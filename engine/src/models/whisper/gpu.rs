@@ -17,6 +17,14 @@
 //!   GEMV in its per-row form (each row bit-identical to a lone decode step), the logits
 //!   and the masked selection of every position, 32 bytes back per position; `rollback`
 //!   drops positions past the first rejected draft (the KV length goes back).
+//! - `--quant q8_0|q4_0` (`load_with`): the decoder's GEMV weights and the logits
+//!   projection block-quantized (gemv_q.wgsl, one kernel for steps, verify passes and
+//!   prompts); the encoder and the cross-attention K|V projection stay f16 (GEMM-bound).
+//! - A draft model (`set_draft`): the first L decoder layers with quantized weights, the
+//!   final LayerNorm and quantized logits, sharing the main model's norms, biases, scratch
+//!   and this window's cross-attention K|V. `draft` proposes k tokens in one submission:
+//!   each step's choice is picked on the GPU (select_pick) into the token buffer the next
+//!   step's embedding reads, so k steps cost one round trip.
 
 use std::sync::Arc;
 
@@ -27,9 +35,10 @@ use super::Dims;
 use crate::decode::{LogitSource, StepRules, StepScores};
 use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
-    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, NormArgs, Rows,
-    SelectParams,
+    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, NormArgs, QMatrix,
+    Rows, SelectParams,
 };
+use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::{Error, Result};
 
 const LN_EPS: f32 = 1e-5;
@@ -37,6 +46,9 @@ const LN_EPS: f32 = 1e-5;
 /// Most positions in one verify pass: the per-row GEMV, the split attention and the
 /// selection's output rows are sized for it.
 pub const MAX_VERIFY: usize = crate::kernels::GEMV_MAX_ROWS as usize;
+
+/// Most tokens one `draft` call proposes.
+pub const MAX_DRAFT: usize = MAX_VERIFY;
 
 /// The decoder's scratch and output buffers, borrowed field by field (so the dispatch
 /// cache can be borrowed mutably beside them).
@@ -94,6 +106,61 @@ struct Linear {
     b: Buffer,
 }
 
+/// A decoder weight: f16, or block-quantized under `--quant`.
+enum Weight {
+    F16(F16Matrix),
+    Q(QMatrix),
+}
+
+impl Weight {
+    fn view(&self) -> WRef<'_> {
+        match self {
+            Weight::F16(m) => WRef::F16(m),
+            Weight::Q(q) => WRef::Q(q),
+        }
+    }
+}
+
+struct DecLinear {
+    w: Weight,
+    b: Buffer,
+}
+
+impl DecLinear {
+    fn view(&self) -> Lin<'_> {
+        Lin { w: self.w.view(), b: &self.b }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum WRef<'a> {
+    F16(&'a F16Matrix),
+    Q(&'a QMatrix),
+}
+
+/// A linear layer as one pass records it: its weight (either kind) and bias.
+#[derive(Clone, Copy)]
+struct Lin<'a> {
+    w: WRef<'a>,
+    b: &'a Buffer,
+}
+
+/// A decoder layer as one pass records it: the main model's own, or the draft model's
+/// quantized weights with the main layer's norms, biases and cross-attention K|V.
+struct LayerView<'a> {
+    self_norm: &'a Norm,
+    qkv: Lin<'a>,
+    self_out: Lin<'a>,
+    cross_norm: &'a Norm,
+    cross_q: Lin<'a>,
+    cross_out: Lin<'a>,
+    ffn_norm: &'a Norm,
+    fc1: Lin<'a>,
+    fc2: Lin<'a>,
+    qkv_cache: &'a Buffer,
+    enc_kv: &'a Buffer,
+}
+
 struct EncoderLayer {
     attn_norm: Norm,
     qkv: Linear,
@@ -105,20 +172,83 @@ struct EncoderLayer {
 
 struct DecoderLayer {
     self_norm: Norm,
-    qkv: Linear,
-    self_out: Linear,
+    qkv: DecLinear,
+    self_out: DecLinear,
     cross_norm: Norm,
-    cross_q: Linear,
+    cross_q: DecLinear,
     cross_kv: Linear,
-    cross_out: Linear,
+    cross_out: DecLinear,
     ffn_norm: Norm,
-    fc1: Linear,
-    fc2: Linear,
+    fc1: DecLinear,
+    fc2: DecLinear,
     /// Every position's q | k | v, [text_ctx][3d]: the fused projection writes its output
     /// here directly, so appending to the KV cache costs no copy dispatch.
     qkv_cache: Buffer,
     /// This window's cross-attention keys | values, [audio_ctx][2d].
     enc_kv: Buffer,
+}
+
+impl DecoderLayer {
+    fn view(&self) -> LayerView<'_> {
+        LayerView {
+            self_norm: &self.self_norm,
+            qkv: self.qkv.view(),
+            self_out: self.self_out.view(),
+            cross_norm: &self.cross_norm,
+            cross_q: self.cross_q.view(),
+            cross_out: self.cross_out.view(),
+            ffn_norm: &self.ffn_norm,
+            fc1: self.fc1.view(),
+            fc2: self.fc2.view(),
+            qkv_cache: &self.qkv_cache,
+            enc_kv: &self.enc_kv,
+        }
+    }
+}
+
+/// One layer of the draft model: quantized copies of a decoder layer's GEMV weights and
+/// its own q|k|v cache (norms, biases and the cross K|V are the main layer's).
+struct DraftLayer {
+    qkv: QMatrix,
+    self_out: QMatrix,
+    cross_q: QMatrix,
+    cross_out: QMatrix,
+    fc1: QMatrix,
+    fc2: QMatrix,
+    qkv_cache: Buffer,
+}
+
+impl DraftLayer {
+    fn view<'a>(&'a self, main: &'a DecoderLayer) -> LayerView<'a> {
+        let lin = |q: &'a QMatrix, b: &'a DecLinear| Lin { w: WRef::Q(q), b: &b.b };
+        LayerView {
+            self_norm: &main.self_norm,
+            qkv: lin(&self.qkv, &main.qkv),
+            self_out: lin(&self.self_out, &main.self_out),
+            cross_norm: &main.cross_norm,
+            cross_q: lin(&self.cross_q, &main.cross_q),
+            cross_out: lin(&self.cross_out, &main.cross_out),
+            ffn_norm: &main.ffn_norm,
+            fc1: lin(&self.fc1, &main.fc1),
+            fc2: lin(&self.fc2, &main.fc2),
+            qkv_cache: &self.qkv_cache,
+            enc_kv: &main.enc_kv,
+        }
+    }
+}
+
+/// The draft model of speculative decoding (see the module documentation).
+struct DraftModel {
+    format: BlockFormat,
+    layers: Vec<DraftLayer>,
+    logits_w: QMatrix,
+    /// Tokens by position: the context written by the host, the draft's own picks after it.
+    tokens: Buffer,
+    logits: Buffer,
+    readback: Buffer,
+    /// The tokens whose K|V the draft's caches hold, by position.
+    fed: Vec<u32>,
+    cache: DispatchCache,
 }
 
 pub struct GpuWhisper {
@@ -133,9 +263,14 @@ pub struct GpuWhisper {
     enc_layers: Vec<EncoderLayer>,
     enc_norm: Norm,
     emb: F16Matrix,
+    /// The logits projection under `--quant` (the tied embedding, quantized); None: `emb`.
+    logits_q: Option<QMatrix>,
     dec_pos: Buffer,
     dec_layers: Vec<DecoderLayer>,
     dec_norm: Norm,
+    /// `--quant`: the decoder's weight format (None: f16).
+    quant: Option<BlockFormat>,
+    draft: Option<DraftModel>,
     // Scratch.
     mel: Buffer,
     enc_x: Buffer,
@@ -196,6 +331,29 @@ fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
     F16Matrix::from_bits(gpu, name, &bits, n, k)
 }
 
+/// A checkpoint matrix block-quantized (the weight's [n][k] f16 bits as stored).
+fn qmatrix(gpu: &Gpu, ck: &Checkpoint, name: &str, format: BlockFormat) -> Result<QMatrix> {
+    let t = ck.tensor(name)?;
+    let n = t.dims[0];
+    let k: usize = t.dims[1..].iter().product();
+    let q = BlockQuant::from_f16_bits(format, &ck.f16_bits(name)?, n, k)?;
+    if q.words.len() as u64 * 4 > gpu.info.max_storage_binding {
+        return Err(Error::Unsupported(format!("weight {name} in {} exceeds the adapter's storage binding limit", format.name())));
+    }
+    QMatrix::upload(gpu, &format!("{name} {}", format.name()), &q)
+}
+
+fn dec_linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str, quant: Option<BlockFormat>) -> Result<DecLinear> {
+    let name = format!("{prefix}/weight");
+    Ok(DecLinear {
+        w: match quant {
+            Some(f) => Weight::Q(qmatrix(gpu, ck, &name, f)?),
+            None => Weight::F16(matrix(gpu, ck, &name)?),
+        },
+        b: gpu.upload_f32(&format!("{prefix}/bias"), &ck.f32(&format!("{prefix}/bias"))?)?,
+    })
+}
+
 fn linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Linear> {
     Ok(Linear {
         w: matrix(gpu, ck, &format!("{prefix}/weight"))?,
@@ -206,6 +364,17 @@ fn linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Linear> {
 impl GpuWhisper {
     /// Upload a validated checkpoint. `eot` and `timestamp_begin` come from the tokenizer.
     pub fn load(gpu: Arc<Gpu>, ck: &Checkpoint, eot: u32, timestamp_begin: u32) -> Result<GpuWhisper> {
+        Self::load_with(gpu, ck, eot, timestamp_begin, None)
+    }
+
+    /// [`GpuWhisper::load`] with the decoder's weights in `quant` (None: f16).
+    pub fn load_with(
+        gpu: Arc<Gpu>,
+        ck: &Checkpoint,
+        eot: u32,
+        timestamp_begin: u32,
+        quant: Option<BlockFormat>,
+    ) -> Result<GpuWhisper> {
         let g = &*gpu;
         let dims = ck.dims;
         let d = dims.d_model;
@@ -237,15 +406,15 @@ impl GpuWhisper {
             let p = format!("decoder/layer_{i}");
             dec_layers.push(DecoderLayer {
                 self_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
-                qkv: linear(g, ck, &format!("{p}/self_attention/linear_0"))?,
-                self_out: linear(g, ck, &format!("{p}/self_attention/linear_1"))?,
+                qkv: dec_linear(g, ck, &format!("{p}/self_attention/linear_0"), quant)?,
+                self_out: dec_linear(g, ck, &format!("{p}/self_attention/linear_1"), quant)?,
                 cross_norm: norm(g, ck, &format!("{p}/attention/layer_norm"))?,
-                cross_q: linear(g, ck, &format!("{p}/attention/linear_0"))?,
+                cross_q: dec_linear(g, ck, &format!("{p}/attention/linear_0"), quant)?,
                 cross_kv: linear(g, ck, &format!("{p}/attention/linear_1"))?,
-                cross_out: linear(g, ck, &format!("{p}/attention/linear_2"))?,
+                cross_out: dec_linear(g, ck, &format!("{p}/attention/linear_2"), quant)?,
                 ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
-                fc1: linear(g, ck, &format!("{p}/ffn/linear_0"))?,
-                fc2: linear(g, ck, &format!("{p}/ffn/linear_1"))?,
+                fc1: dec_linear(g, ck, &format!("{p}/ffn/linear_0"), quant)?,
+                fc2: dec_linear(g, ck, &format!("{p}/ffn/linear_1"), quant)?,
                 qkv_cache: g.buffer("q|k|v cache", cache)?,
                 enc_kv: g.buffer("cross k|v", (dims.audio_ctx * 2 * d * 4) as u64)?,
             });
@@ -263,6 +432,12 @@ impl GpuWhisper {
             enc_layers,
             enc_norm: norm(g, ck, "encoder/layer_norm")?,
             emb: matrix(g, ck, "decoder/embeddings/weight")?,
+            logits_q: match quant {
+                Some(f) => Some(qmatrix(g, ck, "decoder/embeddings/weight", f)?),
+                None => None,
+            },
+            quant,
+            draft: None,
             dec_pos: g.upload_f32("decoder positions", &ck.f32("decoder/position_encodings/encodings")?)?,
             dec_layers,
             dec_norm: norm(g, ck, "decoder/layer_norm")?,
@@ -480,8 +655,9 @@ impl GpuWhisper {
             .enumerate()
             .map(|(i, r)| SelectParams { out_off: 8 * i as u32, ..select_params(r, vocab, self.ts_begin, self.eot, i as u32 * vocab) })
             .collect();
+        let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.ver_cache);
-        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, &sps, true)?;
+        Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &sps, true)?;
         rec.submit(Some(&mut self.profile))?;
         let t_wait = std::time::Instant::now();
         g.map_and_wait(&self.readback)?;
@@ -497,8 +673,9 @@ impl GpuWhisper {
     /// logits of the last and the selection with `sp`, and encode it without submitting.
     fn record_step(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<PendingStep> {
         let g = self.gpu.clone();
+        let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.dec_cache);
-        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
+        Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         let select_slots = rec.last_param_slots(2);
         Ok(PendingStep { pos0, enc: rec.encode()?, select_slots })
     }
@@ -506,16 +683,35 @@ impl GpuWhisper {
     /// The same, submitted with a timestamp per dispatch (profiling).
     fn record_step_timed(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<()> {
         let g = self.gpu.clone();
+        let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.dec_cache);
-        Self::record_decoder(&self.kern, &self.dims, &self.dec_layers, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
+        Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         rec.submit(Some(&mut self.profile))
     }
 
+    /// The main model's layers and logits weight as a pass records them (from fields, so
+    /// a dispatch cache can be borrowed mutably beside them).
+    fn main_views<'a>(
+        dec_layers: &'a [DecoderLayer],
+        logits_q: &'a Option<QMatrix>,
+        emb: &'a F16Matrix,
+    ) -> (Vec<LayerView<'a>>, WRef<'a>) {
+        let logits_w = match logits_q {
+            Some(q) => WRef::Q(q),
+            None => WRef::F16(emb),
+        };
+        (dec_layers.iter().map(DecoderLayer::view).collect(), logits_w)
+    }
+
+    /// Record the decoder over `n` positions from `pos0` (tokens already in `tokens`), the
+    /// logits (of the last position, or of every one in a verify pass), the selection of
+    /// each with its `sps` and the copy of their scores to the readback buffer.
     #[allow(clippy::too_many_arguments)]
     fn record_decoder(
         k: &Kernels,
         dims: &Dims,
-        dec_layers: &[DecoderLayer],
+        layers: &[LayerView],
+        logits_w: WRef,
         b: &DecBufs,
         rec: &mut Recorder,
         n: usize,
@@ -523,12 +719,6 @@ impl GpuWhisper {
         sps: &[SelectParams],
         per_row: bool,
     ) -> Result<()> {
-        let d = dims.d_model;
-        let (m, p0) = (n as u32, pos0 as u32);
-        let heads = dims.n_heads as u32;
-        let hd = dims.head_dim() as u32;
-        let (acc, plain) = (Epilogue { gelu: false, accumulate: true }, Epilogue::default());
-        let gelu = Epilogue { gelu: true, accumulate: false };
         // The same dispatches on the same buffers every step: bind groups are built once.
         rec.stage(if per_row && n > 1 {
             "verify"
@@ -537,31 +727,66 @@ impl GpuWhisper {
         } else {
             "decode"
         });
-        // y (=|+=) act(LN(x) W + b) (`norm` Some) or act(x W + b): per row in a verify pass.
-        let lin = |rec: &mut Recorder, x: Rows, norm: Option<&Norm>, w: &Linear, y: Rows, ep: Epilogue| -> Result<()> {
-            if per_row {
-                return k.linear_per_row(rec, x, m, norm.map(ln), &w.w, Some(&w.b), y, ep);
-            }
-            match norm {
-                Some(nm) => k.linear_ln(rec, x, m, ln(nm), b.dec_xn, &w.w, Some(&w.b), y, ep),
-                None => k.linear(rec, x, m, &w.w, Some(&w.b), y, ep),
+        Self::record_forward(k, dims, layers, logits_w, b, rec, n, pos0, 0, per_row)?;
+        for sp in sps {
+            k.select(rec, b.logits, b.suppress, sp, b.select_out)?;
+        }
+        rec.copy(b.select_out, 0, b.readback, 0, 32 * sps.len() as u64);
+        Ok(())
+    }
+
+    /// The decoder proper: embed `n` tokens (`tokens[tok_off..]`) at positions `pos0..`,
+    /// the layers, the final LayerNorm and the logits into `b.logits` (every row with
+    /// `per_row`, else the last). Quantized weights always go through the per-row kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn record_forward(
+        k: &Kernels,
+        dims: &Dims,
+        layers: &[LayerView],
+        logits_w: WRef,
+        b: &DecBufs,
+        rec: &mut Recorder,
+        n: usize,
+        pos0: usize,
+        tok_off: usize,
+        per_row: bool,
+    ) -> Result<()> {
+        let d = dims.d_model;
+        let (m, p0) = (n as u32, pos0 as u32);
+        let heads = dims.n_heads as u32;
+        let hd = dims.head_dim() as u32;
+        let (acc, plain) = (Epilogue { gelu: false, accumulate: true }, Epilogue::default());
+        let gelu = Epilogue { gelu: true, accumulate: false };
+        // y (=|+=) act(LN(x) W + b) (`norm` Some) or act(x W + b) over m rows.
+        let lin_m = |rec: &mut Recorder, x: Rows, m: u32, norm: Option<&Norm>, w: WRef, bias: Option<&Buffer>, y: Rows, ep: Epilogue| -> Result<()> {
+            match w {
+                WRef::Q(q) => k.linear_q(rec, x, m, norm.map(ln), q, bias, y, ep),
+                WRef::F16(f) if per_row => k.linear_per_row(rec, x, m, norm.map(ln), f, bias, y, ep),
+                WRef::F16(f) => match norm {
+                    Some(nm) => k.linear_ln(rec, x, m, ln(nm), b.dec_xn, f, bias, y, ep),
+                    None => k.linear(rec, x, m, f, bias, y, ep),
+                },
             }
         };
-        k.embed(rec, &b.tokens, m, &b.emb, &b.dec_pos, p0, &b.dec_x)?;
-        let x = Rows::new(&b.dec_x, d);
+        let lin = |rec: &mut Recorder, x: Rows, norm: Option<&Norm>, w: Lin, y: Rows, ep: Epilogue| -> Result<()> {
+            lin_m(rec, x, m, norm, w.w, Some(w.b), y, ep)
+        };
+        k.embed(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x)?;
+        let x = Rows::new(b.dec_x, d);
         let s3 = 3 * d;
         // Per layer: the LayerNorms are folded into the GEMVs that read them (for a few rows;
-        // more rows go through the LayerNorm kernel into `dec_xn` and the tiled GEMM).
-        for l in dec_layers {
-            let qkv = Rows::at(&l.qkv_cache, pos0 * s3, s3);
-            lin(rec, x, Some(&l.self_norm), &l.qkv, qkv, plain)?;
+        // more rows of f16 weights go through the LayerNorm kernel into `dec_xn` and the
+        // tiled GEMM).
+        for l in layers {
+            let qkv = Rows::at(l.qkv_cache, pos0 * s3, s3);
+            lin(rec, x, Some(l.self_norm), l.qkv, qkv, plain)?;
             k.attention(
                 rec,
                 &AttentionArgs {
                     q: qkv,
-                    k: Rows::at(&l.qkv_cache, d, s3),
-                    v: Rows::at(&l.qkv_cache, 2 * d, s3),
-                    out: Rows::new(&b.dec_attn, d),
+                    k: Rows::at(l.qkv_cache, d, s3),
+                    v: Rows::at(l.qkv_cache, 2 * d, s3),
+                    out: Rows::new(b.dec_attn, d),
                     tq: m,
                     tk: p0 + m,
                     heads,
@@ -569,16 +794,16 @@ impl GpuWhisper {
                     causal: Some(p0),
                 },
             )?;
-            lin(rec, Rows::new(b.dec_attn, d), None, &l.self_out, x, acc)?;
-            let q = Rows::new(&b.dec_q, d);
-            lin(rec, x, Some(&l.cross_norm), &l.cross_q, q, plain)?;
+            lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
+            let q = Rows::new(b.dec_q, d);
+            lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
             k.attention(
                 rec,
                 &AttentionArgs {
                     q,
-                    k: Rows::at(&l.enc_kv, 0, 2 * d),
-                    v: Rows::at(&l.enc_kv, d, 2 * d),
-                    out: Rows::new(&b.dec_attn, d),
+                    k: Rows::at(l.enc_kv, 0, 2 * d),
+                    v: Rows::at(l.enc_kv, d, 2 * d),
+                    out: Rows::new(b.dec_attn, d),
                     tq: m,
                     tk: dims.audio_ctx as u32,
                     heads,
@@ -586,25 +811,140 @@ impl GpuWhisper {
                     causal: None,
                 },
             )?;
-            lin(rec, Rows::new(b.dec_attn, d), None, &l.cross_out, x, acc)?;
-            let h = Rows::new(&b.dec_h, dims.ffn);
-            lin(rec, x, Some(&l.ffn_norm), &l.fc1, h, gelu)?;
-            lin(rec, h, None, &l.fc2, x, acc)?;
+            lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?;
+            let h = Rows::new(b.dec_h, dims.ffn);
+            lin(rec, x, Some(l.ffn_norm), l.fc1, h, gelu)?;
+            lin(rec, h, None, l.fc2, x, acc)?;
         }
         // Final LayerNorm folded into the logits (tied embeddings): of the last position only,
-        // or of every position in a verify pass, each row then selected with its own rules.
+        // or of every position in a verify pass (each row then selected with its own rules).
         let logits = Rows::new(b.logits, dims.vocab);
         if per_row {
-            k.linear_per_row(rec, x, m, Some(ln(b.dec_norm)), b.emb, None, logits, plain)?;
+            lin_m(rec, x, m, Some(b.dec_norm), logits_w, None, logits, plain)
         } else {
-            let last = Rows::at(b.dec_x, (n - 1) * d, d);
-            k.linear_ln(rec, last, 1, ln(b.dec_norm), b.dec_xn, b.emb, None, logits, plain)?;
+            lin_m(rec, Rows::at(b.dec_x, (n - 1) * d, d), 1, Some(b.dec_norm), logits_w, None, logits, plain)
         }
-        for sp in sps {
-            k.select(rec, b.logits, b.suppress, sp, b.select_out)?;
+    }
+
+    /// Build the draft model: the first `layers` decoder layers of `ck` (this model's
+    /// checkpoint) in `format`, and the logits projection in `format`. Replaces any draft.
+    pub fn set_draft(&mut self, ck: &Checkpoint, format: BlockFormat, layers: usize) -> Result<()> {
+        let dims = self.dims;
+        if layers == 0 || layers > dims.decoder_layers {
+            return Err(Error::Invalid(format!(
+                "a draft model of {layers} layers (this model has {})",
+                dims.decoder_layers
+            )));
         }
-        rec.copy(b.select_out, 0, b.readback, 0, 32 * sps.len() as u64);
+        if ck.dims != dims {
+            return Err(Error::Invalid("the draft's checkpoint is not this model's".into()));
+        }
+        let g = &*self.gpu;
+        let mut dl = Vec::with_capacity(layers);
+        for i in 0..layers {
+            let p = format!("decoder/layer_{i}");
+            let q = |name: &str| qmatrix(g, ck, &format!("{p}/{name}/weight"), format);
+            dl.push(DraftLayer {
+                qkv: q("self_attention/linear_0")?,
+                self_out: q("self_attention/linear_1")?,
+                cross_q: q("attention/linear_0")?,
+                cross_out: q("attention/linear_2")?,
+                fc1: q("ffn/linear_0")?,
+                fc2: q("ffn/linear_1")?,
+                qkv_cache: g.buffer("draft q|k|v cache", (dims.text_ctx * 3 * dims.d_model * 4) as u64)?,
+            });
+        }
+        self.draft = Some(DraftModel {
+            format,
+            layers: dl,
+            logits_w: qmatrix(g, ck, "decoder/embeddings/weight", format)?,
+            tokens: g.buffer("draft tokens", (dims.text_ctx as u64 + 1) * 4)?,
+            logits: g.buffer("draft logits", dims.vocab as u64 * 4)?,
+            readback: g.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("draft readback"),
+                size: MAX_DRAFT as u64 * 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            fed: Vec::new(),
+            cache: DispatchCache::default(),
+        });
         Ok(())
+    }
+
+    /// The draft model's format and depth, if one is built.
+    pub fn draft_config(&self) -> Option<(BlockFormat, usize)> {
+        self.draft.as_ref().map(|d| (d.format, d.layers.len()))
+    }
+
+    /// The decoder's weight format (`--quant`; None: f16).
+    pub fn quant(&self) -> Option<BlockFormat> {
+        self.quant
+    }
+
+    /// The draft model's proposal (see `LogitSource::draft`).
+    fn draft_tokens(&mut self, context: &[u32], k: usize, timestamps: bool) -> Result<Vec<u32>> {
+        let dims = self.dims;
+        let vocab = dims.vocab as u32;
+        let (ts_begin, eot) = (self.ts_begin, self.eot);
+        let Some(dr) = self.draft.as_mut() else {
+            return Ok(Vec::new());
+        };
+        if !self.window_ready {
+            return Err(Error::Invalid("draft before begin_window".into()));
+        }
+        if let Some(&bad) = context.iter().find(|&&t| t >= vocab) {
+            return Err(Error::Invalid(format!("token id {bad} is outside the vocabulary of {vocab}")));
+        }
+        // Positions up to context + k - 1 are fed (the last pick is never fed).
+        let k = k.min(MAX_DRAFT).min(dims.text_ctx.saturating_sub(context.len()));
+        if context.is_empty() || k == 0 {
+            return Ok(Vec::new());
+        }
+        // Keep the K|V of the longest common prefix; at least one token goes in, for logits.
+        let common = dr.fed.iter().zip(context).take_while(|(a, b)| a == b).count().min(context.len() - 1);
+        dr.fed.truncate(common);
+        let g = self.gpu.clone();
+        g.write(&dr.tokens, common as u64 * 4, bytemuck::cast_slice(&context[common..]));
+        let rules = StepRules {
+            mask_text: false,
+            mask_non_timestamps: false,
+            ts_lo: ts_begin,
+            ts_hi: if timestamps { vocab } else { ts_begin },
+            extra_suppress: [u32::MAX, u32::MAX],
+            probe: u32::MAX,
+        };
+        let base = select_params(&rules, vocab, ts_begin, eot, 0);
+        let layers: Vec<LayerView> = dr.layers.iter().zip(&self.dec_layers).map(|(d, m)| d.view(m)).collect();
+        let bufs = DecBufs { tokens: &dr.tokens, logits: &dr.logits, ..dec_bufs!(self) };
+        let mut rec = g.recorder_cached(&mut dr.cache);
+        rec.stage("draft");
+        let end = context.len();
+        // The new context tokens in one pass, then one position per drafted token; every
+        // step's pick lands in the token buffer the next step's embedding reads.
+        let mut pos = common;
+        let mut n = end - common;
+        for i in 0..k {
+            Self::record_forward(&self.kern, &dims, &layers, WRef::Q(&dr.logits_w), &bufs, &mut rec, n, pos, pos, false)?;
+            let sp = SelectParams { out_off: (end + i) as u32, ..base };
+            self.kern.select_pick(&mut rec, &dr.logits, &self.suppress, &sp, &dr.tokens)?;
+            pos += n;
+            n = 1;
+        }
+        rec.copy(&dr.tokens, end as u64 * 4, &dr.readback, 0, k as u64 * 4);
+        rec.submit(Some(&mut self.profile))?;
+        g.map_and_wait(&dr.readback)?;
+        let drafted: Vec<u32> = {
+            let view = dr.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading the draft back: {e}")))?;
+            bytemuck::pod_collect_to_vec(&view[..k * 4])
+        };
+        dr.readback.unmap();
+        dr.fed = context.to_vec();
+        dr.fed.extend_from_slice(&drafted[..k - 1]);
+        if let Some(&bad) = drafted.iter().find(|&&t| t >= vocab) {
+            return Err(Error::Gpu(format!("the draft model picked token {bad} outside the vocabulary")));
+        }
+        Ok(drafted)
     }
 }
 
@@ -617,6 +957,9 @@ impl LogitSource for GpuWhisper {
         }
         self.window_ready = false;
         self.pending = None;
+        if let Some(d) = self.draft.as_mut() {
+            d.fed.clear(); // its K|V were over the last window's cross-attention
+        }
         self.encode(mel)?;
         self.kv_len = 0;
         self.window_ready = true;
@@ -642,6 +985,10 @@ impl LogitSource for GpuWhisper {
             )));
         }
         self.verify_positions(tokens, rules)
+    }
+
+    fn draft(&mut self, context: &[u32], k: usize, timestamps: bool) -> Result<Vec<u32>> {
+        self.draft_tokens(context, k, timestamps)
     }
 
     fn rollback(&mut self, n: usize) -> Result<()> {

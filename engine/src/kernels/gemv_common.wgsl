@@ -1,0 +1,66 @@
+// What the two GEMV families (gemv.wgsl: f16 weights; gemv_q.wgsl: q8_0 / q4_0 blocks)
+// share: the LayerNorm folded into the input rows and the epilogue with its operands loaded
+// ahead. Prepended to each (after gelu.wgsl); the including file declares `p` (with k,
+// flags, eps), `x`, `gamma`, `beta`, `y`, `bias`, `WG` (threads per workgroup) and `MAXM`
+// (rows whose statistics a workgroup keeps).
+
+var<workgroup> rs: array<f32, 256>;
+var<workgroup> stat: array<f32, 16>; // mean[MAXM], 1/sigma[MAXM]
+
+fn ln_on() -> bool {
+    return (p.flags & 16u) != 0u;
+}
+
+// Sum of v over the workgroup (every thread gets it). Uniform control flow.
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    rs[lid] = v;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (lid < st) {
+            rs[lid] += rs[lid + st];
+        }
+        workgroupBarrier();
+    }
+    let t = rs[0];
+    workgroupBarrier();
+    return t;
+}
+
+// LayerNorm statistics (two-pass, as layernorm.wgsl) of the row of X starting at `xb`
+// into stat slot `slot`. The caller puts a barrier before the slot is read.
+fn ln_stats(xb: u32, slot: u32, lid: u32) {
+    let kf = f32(p.k);
+    var s = 0.0;
+    for (var c = lid; c < p.k; c += WG) {
+        s += x[xb + c];
+    }
+    let mean = wg_sum(s, lid) / kf;
+    var q = 0.0;
+    for (var c = lid; c < p.k; c += WG) {
+        let d = x[xb + c] - mean;
+        q += d * d;
+    }
+    let inv = inverseSqrt(wg_sum(q, lid) / kf + p.eps);
+    if (lid == 0u) {
+        stat[slot] = mean;
+        stat[MAXM + slot] = inv;
+    }
+}
+
+// v = X[.][k] normalised with slot `slot`'s statistics when flag 16 is set.
+fn ln_apply(v: f32, slot: u32, k: u32) -> f32 {
+    if (ln_on()) {
+        return (v - stat[slot]) * stat[MAXM + slot] * gamma[k] + beta[k];
+    }
+    return v;
+}
+
+// The epilogue with the bias and the accumulated value loaded ahead; `o` is the output's
+// index (flags: 2 GELU; the bias and the residual are 0 when their flags are off).
+fn finish_pre(v0: f32, o: u32, b: f32, yo: f32) {
+    var v = v0 + b;
+    if ((p.flags & 2u) != 0u) {
+        v = gelu(v);
+    }
+    y[o] = v + yo;
+}
