@@ -7,8 +7,12 @@
 //! - decode ms/token over `--steps` forced steps (one submit + wait each, as the decoding
 //!   loop does), prefill ms/token for 4 and 64 positions;
 //! - dispatches per decode step (the recorder's count);
-//! - the per-kernel table from timestamp queries (one pass per dispatch while timing, so a
-//!   dispatch's time includes a pass boundary), GB/s and % of a copy ceiling measured in
+//! - decode ms/token with several steps per readback (the device picks each next token
+//!   and the next step's embedding reads it: each step submitted while the host records the next);
+//! - the per-kernel table from timestamp queries (a timed pass per dispatch, so each time
+//!   includes a pass's boundaries: on the H200 the table sums to ≈ 0.46 ms per decode step
+//!   where a submission of 16 steps runs one in ≈ 0.33 ms; timestamps between the
+//!   dispatches of one pass summed to 0.54, worse), GB/s and % of a copy ceiling measured in
 //!   the same run (a vec4 copy kernel over two large buffers);
 //! - verify passes of 1..8 positions (speculative decoding's check of k = 0..7 drafts), ms
 //!   per pass, each followed by a rollback of all of them (the state is reused);
@@ -261,6 +265,37 @@ fn bench(args: &Args) -> Result<(), String> {
         }
     }
 
+    // Several steps per readback (greedy_steps: the device picks each next token): ms
+    // per token for 4 and for the most steps a submission takes, over about `steps` tokens.
+    let mut batched_ms = Vec::new();
+    if model.max_steps() > 1 {
+        for k in [4, model.max_steps()] {
+            let calls = (steps / k).max(1);
+            let mut v = Vec::new();
+            let mut split = (f64::INFINITY, 0.0, 0.0);
+            for b in 0..=batches {
+                model.host_times = (0.0, 0.0, 0);
+                model.begin_window(&mel).map_err(err)?;
+                model.advance(&prompt4, &rules).map_err(err)?;
+                let mut next = text_token(4);
+                let t = Instant::now();
+                for _ in 0..calls {
+                    let (picks, _) = model.greedy_steps(next, k, &rules).map_err(err)?;
+                    next = *picks.last().expect("k picks");
+                }
+                if b > 0 {
+                    let ms = t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64;
+                    let (rs, ws, n) = model.host_times;
+                    if ms < split.0 {
+                        split = (ms, rs * 1e3 / n.max(1) as f64, ws * 1e3 / n.max(1) as f64);
+                    }
+                    v.push(ms);
+                }
+            }
+            batched_ms.push((k, calls * k, stat(&v), split));
+        }
+    }
+
     // Verify passes of n positions (k = n - 1 drafts), rolled back after each. Guard: a
     // verify pass must give each position's scores bit for bit as single steps do (a
     // driver that fuses differently in the multi-row kernel would change transcripts).
@@ -396,6 +431,12 @@ fn bench(args: &Args) -> Result<(), String> {
         println!("| decode step: wait for GPU + readback, ms | {w:.4} | | |");
     }
     println!("| dispatches per decode step | {per_step_dispatches:.1} | | |");
+    for (k, n, v, (_, r, w)) in &batched_ms {
+        println!(
+            "| decode, ms/token, {k} steps per readback ({n} steps) | {:.4} | {:.2} | the device picks each next token; per step: host records {r:.4}, waits {w:.4} |",
+            v.min, v.spread
+        );
+    }
     for (n, v) in &verify_ms {
         println!(
             "| verify pass, {n} positions (k = {} drafts), ms | {:.4} | {:.2} | {:.2}x a decode step; + rollback |",

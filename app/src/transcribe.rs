@@ -407,7 +407,7 @@ fn kernels_table(tr: &Transcriber) -> String {
         );
     }
     s += &format!(
-        "{:<16}{:<12}{:>10}{:>12}{:>10}{:>12}{:>9}{:>7}\n",
+        "{:<20}{:<14}{:>10}{:>12}{:>10}{:>12}{:>9}{:>7}\n",
         "kernel", "stage", "dispatch", "gpu ms", "mean us", "MB moved", "GB/s", "share"
     );
     for k in &stats {
@@ -415,7 +415,7 @@ fn kernels_table(tr: &Transcriber) -> String {
         let gbs = if k.gpu_ns > 0.0 { k.bytes as f64 / k.gpu_ns } else { 0.0 };
         let share = if total_ns > 0.0 { 100.0 * k.gpu_ns / total_ns } else { 0.0 };
         s += &format!(
-            "{:<16}{:<12}{:>10}{:>12.3}{:>10.1}{:>12.2}{:>9.1}{:>6.1}%\n",
+            "{:<20}{:<14}{:>10}{:>12.3}{:>10.1}{:>12.2}{:>9.1}{:>6.1}%\n",
             k.kernel,
             k.stage,
             k.dispatches,

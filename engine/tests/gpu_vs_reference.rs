@@ -644,6 +644,52 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
     }
 }
 
+/// Several decode steps with one readback (the device picks each next token): the same
+/// scores, bit for bit, as one `advance` per step fed the same tokens, and the picks are
+/// what the host's pick makes of those scores without the timestamp check; positions
+/// rolled back afterwards are as if never fed.
+#[test]
+fn greedy_steps_equal_single_steps_bit_for_bit() {
+    let tag = "greedy-steps";
+    let s = seed(tag);
+    let mut rng = StdRng::seed_from_u64(s);
+    for geom in [GEOM_A, GEOM_B] {
+        let mut p = pair(geom, s, tag);
+        let mel = random_mel(&geom.dims, &mut rng);
+        let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
+        let first = random_tokens(1, geom.dims.vocab, &mut rng)[0];
+        let rules = rules_for(0, &geom, 0);
+        let g = &mut p.gpu;
+        let k = 7;
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules).unwrap();
+        let (picks, batched) = g.greedy_steps(first, k, &rules).unwrap();
+        assert_eq!((picks.len(), batched.len()), (k, k));
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules).unwrap();
+        let mut t = first;
+        for i in 0..k {
+            let sc = g.advance(&[t], &rules).unwrap();
+            assert_eq!(sc, batched[i], "step {i} of a batch differs from a single step");
+            let want = if sc.ts_best != u32::MAX && (sc.text_best == u32::MAX || sc.ts_max > sc.text_max) { sc.ts_best } else { sc.text_best };
+            assert_eq!(picks[i], want, "step {i}: the device's pick");
+            t = picks[i];
+        }
+        // Roll three back and feed them again one at a time: the same scores.
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules).unwrap();
+        g.greedy_steps(first, k, &rules).unwrap();
+        g.rollback(3).unwrap();
+        for i in k - 3..k {
+            assert_eq!(g.advance(&[picks[i - 1]], &rules).unwrap(), batched[i], "after the rollback: step {i}");
+        }
+        assert!(g.greedy_steps(first, 0, &rules).is_err());
+        assert!(g.greedy_steps(first, geom.dims.text_ctx, &rules).is_err(), "past the context");
+        assert!(g.greedy_steps(geom.dims.vocab as u32, 2, &rules).is_err());
+        eprintln!("[{tag}] head_dim {}: {k} steps per readback = single steps", geom.dims.head_dim());
+    }
+}
+
 /// The choice a draft model makes from logits: the best id neither suppressed nor a
 /// timestamp when timestamps are off (ties to the lower id).
 fn draft_pick(logits: &[f32], suppress: &[u32], geom: &Geometry, timestamps: bool) -> u32 {

@@ -59,6 +59,7 @@ const GEMV_PROD: &str = engine::kernels::GEMV_SOURCE;
 const GEMV_TEMPLATE: &str = include_str!("kernel_lab/gemv_m1.wgsl");
 const COPY: &str = include_str!("kernel_lab/copy.wgsl");
 const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
+const CHAIN_VARIANTS: &str = include_str!("kernel_lab/chain_variants.wgsl");
 const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
 
 // ---------------------------------------------------------------------------------------
@@ -262,6 +263,66 @@ impl Lab<'_> {
             gpu.push((e - a) as f64 * self.period_ns * 1e-9 / per_batch as f64);
         }
         Ok(Timing::from_batches(&gpu, Clock::Gpu))
+    }
+
+    /// `time` for a chain of `per_batch` dispatches alternating between two kernels (each
+    /// with its own bind group), GPU timestamps around the pass.
+    fn time_pair(
+        &self,
+        k1: &Kernel,
+        b1: &wgpu::BindGroup,
+        k2: &Kernel,
+        b2: &wgpu::BindGroup,
+        grid: [u32; 2],
+        per_batch: u32,
+    ) -> LabResult<Timing> {
+        let dev = &self.gpu.device;
+        let total = self.batches + 1;
+        let qs = dev.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("lab pair timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2 * total,
+        });
+        let mut wall = Vec::new();
+        for b in 0..total {
+            let mut enc = dev.create_command_encoder(&Default::default());
+            {
+                let tw = self.timestamps.then_some(wgpu::ComputePassTimestampWrites {
+                    query_set: &qs,
+                    beginning_of_pass_write_index: Some(2 * b),
+                    end_of_pass_write_index: Some(2 * b + 1),
+                });
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("lab pair"), timestamp_writes: tw });
+                for i in 0..per_batch {
+                    let (k, bg) = if i % 2 == 0 { (k1, b1) } else { (k2, b2) };
+                    pass.set_pipeline(&k.pipeline);
+                    pass.set_bind_group(0, bg, &[]);
+                    pass.dispatch_workgroups(grid[0], grid[1], 1);
+                }
+            }
+            let cmd = enc.finish();
+            let t0 = Instant::now();
+            self.gpu.queue.submit([cmd]);
+            self.gpu.wait()?;
+            wall.push(t0.elapsed().as_secs_f64() / per_batch as f64);
+        }
+        if !self.timestamps {
+            return Ok(Timing::from_batches(&wall[1..], Clock::Wall));
+        }
+        let resolve = dev.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("lab pair timestamps"),
+            size: 16 * total as u64,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let mut enc = dev.create_command_encoder(&Default::default());
+        enc.resolve_query_set(&qs, 0..2 * total, &resolve, 0);
+        self.gpu.queue.submit([enc.finish()]);
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.gpu.read(&resolve, 0, 16 * total as u64)?);
+        let gpu_t: Vec<f64> = (1..total as usize)
+            .map(|b| ticks[2 * b + 1].saturating_sub(ticks[2 * b]) as f64 * self.period_ns * 1e-9 / per_batch as f64)
+            .collect();
+        Ok(Timing::from_batches(&gpu_t, Clock::Gpu))
     }
 
     /// Wall time of one submit + wait round trip, `per_batch` of them per batch.
@@ -657,6 +718,22 @@ fn copy_rows(lab: &Lab, bytes: u64, reps: u32) -> LabResult<Vec<Row>> {
     Ok(rows)
 }
 
+/// Whether the adapter the engine would choose offers wgpu's experimental cooperative
+/// matrices, and in which shapes (the issue asks before a GEMM is planned on them).
+fn cooperative_matrix() -> String {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+    let instance = wgpu::Instance::new(desc.with_env());
+    let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    match engine::gpu::choose_adapter(adapters, std::env::var("VERBATIM_ADAPTER").ok().as_deref()) {
+        Ok(a) if a.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) => {
+            format!("offered: {:?}", a.cooperative_matrix_properties())
+        }
+        Ok(_) => "not offered".into(),
+        Err(e) => format!("unknown ({e})"),
+    }
+}
+
 /// Dependent and independent dispatch chains of `n` one-workgroup dispatches in one pass.
 fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
     let gpu = lab.gpu;
@@ -687,6 +764,77 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
     }
     ind.check = if bad == 0 { "ok".into() } else { format!("WRONG ({bad} buffers)") };
     rows.push(ind);
+
+    // A decode step's chain is heterogeneous: every dispatch another pipeline, shared
+    // memory sizes that change, grids of many workgroups. Each of those, alone, against
+    // chain.dependent (all dependent, one pass, same buffer, GPU timestamps around it).
+    let rw = [Access::ReadWrite];
+    let twin = gpu.kernel("lab.chain.twin", CHAIN, &rw)?;
+    let shared = gpu.kernel_entry("lab.chain.shared", CHAIN_VARIANTS, "main_shared", &rw)?;
+    let wide = gpu.kernel_entry("lab.chain.grid", CHAIN_VARIANTS, "main_grid", &rw)?;
+    let y = gpu.buffer("lab chain variants", 256 * 64 * 4)?;
+    for (name, change, second, groups) in [
+        ("chain.alternate", "dependent, two pipelines of one source in turn", &twin, 1u32),
+        ("chain.shared", "dependent, in turn with a 16 KiB-shared-memory kernel", &shared, 1),
+        ("chain.grid256", "dependent, 256 workgroups each", &wide, 256),
+    ] {
+        eprintln!("  {name}");
+        gpu.fill_u32(&y, 0);
+        let b2 = lab.bind(second, &params, &[&y]);
+        let b1 = if groups > 1 { b2.clone() } else { lab.bind(&k, &params, &[&y]) };
+        let k1: &Kernel = if groups > 1 { second } else { &k };
+        let mut row = Row::new(Section::Probe, name, change);
+        let t = lab.time_pair(k1, &b1, second, &b2, [groups, 1], n)?;
+        row.dep = Some(t);
+        let got = gpu.read_f32(&y, 0, 1)?[0];
+        row.check = if got == expect_runs * n as f32 { "ok".into() } else { format!("WRONG count {got}") };
+        rows.push(row);
+    }
+
+    // What the engine's per-kernel profile pays: every dispatch in its own pass with a
+    // timestamp at each end, against the same chain in one pass, both by the wall clock
+    // around submit + wait (per dispatch). The difference is the profile's overstatement
+    // of each kernel's in-stream cost.
+    let dev = &gpu.device;
+    let y = gpu.buffer("lab chain passes", 256)?;
+    let bind = lab.bind(&k, &params, &[&y]);
+    let qs = lab.timestamps.then(|| {
+        dev.create_query_set(&wgpu::QuerySetDescriptor { label: Some("lab pass chain"), ty: wgpu::QueryType::Timestamp, count: 2 * n })
+    });
+    for (name, change, passes) in [
+        ("chain.one_pass.wall", format!("{n} dependent dispatches, one pass (wall, per dispatch)"), false),
+        ("chain.pass_each.wall", format!("{n} dependent dispatches, a timed pass each (the profile's way)"), true),
+    ] {
+        eprintln!("  {name}");
+        let mut row = Row::new(Section::Probe, name, &change);
+        let t = lab.time_round_trips(1, || {
+            let mut enc = dev.create_command_encoder(&Default::default());
+            if passes {
+                for i in 0..n {
+                    let tw = qs.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                        query_set: q,
+                        beginning_of_pass_write_index: Some(2 * i),
+                        end_of_pass_write_index: Some(2 * i + 1),
+                    });
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: tw });
+                    pass.set_pipeline(&k.pipeline);
+                    pass.set_bind_group(0, &bind, &[]);
+                    pass.dispatch_workgroups(1, 1, 1);
+                }
+            } else {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for _ in 0..n {
+                    pass.set_pipeline(&k.pipeline);
+                    pass.set_bind_group(0, &bind, &[]);
+                    pass.dispatch_workgroups(1, 1, 1);
+                }
+            }
+            enc.finish()
+        })?;
+        row.dep = Some(Timing { best: t.best / n as f64, worst: t.worst / n as f64, ..t });
+        row.check = "ok".into();
+        rows.push(row);
+    }
     Ok(rows)
 }
 
@@ -1036,6 +1184,7 @@ fn run(args: &Args) -> LabResult<()> {
         },
         yes(info.shader_f16)
     );
+    println!("cooperative matrix (wgpu EXPERIMENTAL_COOPERATIVE_MATRIX): {}", cooperative_matrix());
     println!(
         "limits: storage binding {} MiB, buffer {} MiB, workgroup memory {} KiB, {} invocations/workgroup \
          (x {} y {}), {} workgroups/dimension",

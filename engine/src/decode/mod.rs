@@ -87,6 +87,20 @@ pub trait LogitSource {
         let _ = (tokens, rules);
         Err(crate::Error::Unsupported("this logit source has no verify pass".into()))
     }
+    /// Most decode steps [`LogitSource::greedy_steps`] takes with one readback; 0 when the
+    /// source has no such path (the decoding loop then steps one position at a time).
+    fn max_steps(&self) -> usize {
+        0
+    }
+    /// `k` greedy decode steps with one readback (no host round trip between them): feed `first` at the next position, choose
+    /// the next token on the device from its scores under `rules` (the pick without the
+    /// "timestamps beat text" check), feed that, and so on. Returns the k choices and the
+    /// k positions' scores (as `advance` would give them, bit for bit); the k positions
+    /// stay in the state (roll back what the caller does not keep).
+    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+        let _ = (first, k, rules);
+        Err(crate::Error::Unsupported("this logit source has no multi-step path".into()))
+    }
     /// A draft model's guess at up to `k` tokens following `context` (this window's prompt
     /// and every token chosen so far, the last not yet fed to `advance`/`verify`), with
     /// timestamp tokens allowed or not. Empty when the source has no draft model.

@@ -478,6 +478,12 @@ pub fn decode_window(
     let mut ahead: std::collections::VecDeque<(u32, StepScores, Step)> = Default::default();
     let mut pass_drafted = 0;
     let mut pass_accepted = 0;
+    // Without timestamp rules the masks are the same at every step after the first, so
+    // several steps can go without a round trip with the choice made on the device
+    // (`greedy_steps`): its positions queue in `ahead` like verified drafts, each kept
+    // only if the host's own pick from its scores agrees.
+    let batch_steps = if !timestamps && opts.speculative == Speculative::Off { src.max_steps() } else { 0 };
+    let mut batched = false;
     loop {
         let (token, logprob) = pick(&scores, step.check_ts_over_text, sp.vocab)?;
         steps += 1;
@@ -495,10 +501,12 @@ pub fn decode_window(
         // bit what a single step would give (same rules, same per-row arithmetic).
         match ahead.pop_front() {
             Some((fed, s, st)) if fed == token => {
-                pass_accepted += 1;
-                spec.accepted += 1;
-                if ahead.is_empty() {
-                    drafter.record(pass_drafted, pass_accepted, max_verify.saturating_sub(1));
+                if !batched {
+                    pass_accepted += 1;
+                    spec.accepted += 1;
+                    if ahead.is_empty() {
+                        drafter.record(pass_drafted, pass_accepted, max_verify.saturating_sub(1));
+                    }
                 }
                 step = st;
                 scores = s;
@@ -508,11 +516,34 @@ pub fn decode_window(
                 // A miss: the draft from here on is in the KV cache and must go.
                 src.rollback(ahead.len() + 1)?;
                 ahead.clear();
-                drafter.record(pass_drafted, pass_accepted, max_verify.saturating_sub(1));
+                if !batched {
+                    drafter.record(pass_drafted, pass_accepted, max_verify.saturating_sub(1));
+                }
             }
             None => {}
         }
         step = rules.step(&tokens);
+        let k = batch_steps.min(max_len - tokens.len());
+        if k > 1 {
+            let (picks, out) = src.greedy_steps(token, k, &step.rules)?;
+            if picks.len() != k || out.len() != k {
+                return Err(Error::Invalid(format!("{k} steps with one readback returned {} choices and {} scores", picks.len(), out.len())));
+            }
+            scores = out[0];
+            batched = true;
+            let mut hyp = tokens.clone();
+            for i in 1..k {
+                hyp.push(picks[i - 1]);
+                let st = rules.step(&hyp);
+                if st != step {
+                    // Scores under other masks than this position's: not usable.
+                    src.rollback(k - i)?;
+                    break;
+                }
+                ahead.push_back((picks[i - 1], out[i], st));
+            }
+            continue;
+        }
         // Never more positions than plain decoding would use (the last fed position is
         // the one before max_len), nor more than one pass takes.
         let room = (max_verify.saturating_sub(1)).min(max_len - 1 - tokens.len());
@@ -545,6 +576,7 @@ pub fn decode_window(
         }
         let rules_at: Vec<StepRules> = step_at.iter().map(|s| s.rules).collect();
         let out = src.verify(&fed, &rules_at)?;
+        batched = false;
         if out.len() != fed.len() {
             return Err(Error::Invalid(format!("a verify pass of {} positions returned {}", fed.len(), out.len())));
         }
@@ -843,6 +875,12 @@ mod tests {
         /// Verify passes and positions rolled back.
         verifies: usize,
         rolled_back: usize,
+        /// Steps a `greedy_steps` call takes (0: none), and the calls made.
+        steps_max: usize,
+        step_batches: usize,
+        /// Make the device's pick wrong at this many-th batched step (a pick that the host
+        /// disagrees with must be rolled back, never kept).
+        corrupt_pick_at: Option<usize>,
     }
 
     impl Mock {
@@ -857,6 +895,9 @@ mod tests {
                 verify_max: 0,
                 verifies: 0,
                 rolled_back: 0,
+                steps_max: 0,
+                step_batches: 0,
+                corrupt_pick_at: None,
             }
         }
 
@@ -948,6 +989,31 @@ mod tests {
             assert!(!tokens.is_empty() && tokens.len() <= self.verify_max && tokens.len() == rules.len());
             self.verifies += 1;
             tokens.iter().zip(rules).map(|(&t, r)| self.advance(&[t], r)).collect()
+        }
+
+        fn max_steps(&self) -> usize {
+            self.steps_max
+        }
+
+        fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+            assert!(k >= 1 && k <= self.steps_max);
+            self.step_batches += 1;
+            let (mut picks, mut out) = (Vec::new(), Vec::new());
+            let mut t = first;
+            for _ in 0..k {
+                let s = self.advance(&[t], rules)?;
+                // The device's pick (select.wgsl main_pick).
+                t = if s.ts_best != NONE && (s.text_best == NONE || s.ts_max > s.text_max) { s.ts_best } else { s.text_best };
+                if let Some(n) = self.corrupt_pick_at.as_mut() {
+                    if *n == 0 {
+                        t = W[4];
+                    }
+                    *n = n.wrapping_sub(1);
+                }
+                picks.push(t);
+                out.push(s);
+            }
+            Ok((picks, out))
         }
 
         fn rollback(&mut self, n: usize) -> Result<()> {
@@ -1062,6 +1128,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Several steps per readback (no timestamp rules): the same tokens, log-probability
+    /// sum and step count as one step at a time, whatever the batch size; a device pick
+    /// that the host disagrees with is rolled back, not kept.
+    #[test]
+    fn batched_steps_give_the_single_step_output_exactly() {
+        let prompt = vec![SOT, NO_TS];
+        let o = DecodeOptions { timestamps: false, ..opts() };
+        let mut plain_src = mock_with_suppress(repetitive);
+        let plain = decode_window(&mut plain_src, &prompt, &sp(), BLANK, &o).unwrap();
+        assert!(plain.tokens.len() > 30);
+        for (k, corrupt) in [(2, None), (5, None), (16, None), (16, Some(7)), (3, Some(0))] {
+            let mut src = mock_with_suppress(repetitive);
+            src.steps_max = k;
+            src.corrupt_pick_at = corrupt;
+            let r = decode_window(&mut src, &prompt, &sp(), BLANK, &o).unwrap();
+            let what = format!("{k} steps per readback, corrupt pick at {corrupt:?}");
+            assert_eq!(r.tokens, plain.tokens, "{what}");
+            assert_eq!(r.sum_logprob.to_bits(), plain.sum_logprob.to_bits(), "{what}");
+            assert_eq!(r.steps, plain.steps, "{what}");
+            assert!(src.step_batches > 0 && src.step_batches <= plain.tokens.len() / (k - 1) + 2, "{what}: {} batches", src.step_batches);
+            assert_eq!(r.spec, SpecStats::default(), "{what}");
+            if corrupt.is_some() {
+                assert!(src.rolled_back > 0, "{what}: the wrong pick was kept");
+            }
+        }
+        // With timestamp rules the masks change with every timestamp: one step at a time.
+        let mut src = mock_with_suppress(repetitive);
+        src.steps_max = 8;
+        let ts = decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()).unwrap();
+        assert_eq!(src.step_batches, 0);
+        assert!(ts.tokens.len() > 10);
     }
 
     #[test]

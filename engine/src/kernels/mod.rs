@@ -305,7 +305,8 @@ pub(crate) struct SelectParams {
     pub logit_off: u32,
     /// Word offset of the 8 output words in `out`.
     pub out_off: u32,
-    pub _pad: u32,
+    /// `select_pick`: where in `ids` the choice goes.
+    pub tok_out: u32,
 }
 
 /// Multi-head attention geometry and where Q, K, V and the output live.
@@ -381,7 +382,7 @@ impl Kernels {
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
             select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W])?,
-            select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W])?,
+            select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W, W])?,
             select_partials: gpu.buffer("select partials", (SELECT_GROUPS * 9 + 1) * 4)?,
             zero: gpu.buffer("zero", 16)?,
         })
@@ -726,17 +727,26 @@ impl Kernels {
         rec.dispatch(&self.select, p, &[&self.select_partials, suppress, out], [1, 1, 1], merge)
     }
 
-    /// The same selection, but only its choice is written, as a token id into
-    /// `ids[params.out_off]`: the allowed timestamp when the best one's logit is above the
-    /// best text token's, else the text token (eot when nothing is allowed). A draft made
-    /// on the GPU feeds it to its next step without a round trip (not Whisper's full rules:
-    /// a draft only has to be likely; the verify pass applies the rules).
-    pub(crate) fn select_pick(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &SelectParams, ids: &Buffer) -> Result<()> {
+    /// [`Kernels::select`], and its choice written as a token id into `ids[params.tok_out]`:
+    /// the allowed timestamp when the best one's logit is above the best text token's,
+    /// else the text token (eot when nothing is allowed), i.e. the host's greedy pick
+    /// without the timestamp rules' "timestamps beat text" check. The next decode step's
+    /// embedding reads it there: several steps go without a round trip.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn select_pick(
+        &self,
+        rec: &mut Recorder,
+        logits: &Buffer,
+        suppress: &Buffer,
+        params: &SelectParams,
+        out: &Buffer,
+        ids: &Buffer,
+    ) -> Result<()> {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
         let p = bytemuck::bytes_of(params);
         rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials], [SELECT_GROUPS as u32, 1, 1], cost)?;
-        let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 4, flops: SELECT_GROUPS * 9 };
-        rec.dispatch(&self.select_pick, p, &[&self.select_partials, suppress, ids], [1, 1, 1], merge)
+        let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 36, flops: SELECT_GROUPS * 9 };
+        rec.dispatch(&self.select_pick, p, &[&self.select_partials, suppress, out, ids], [1, 1, 1], merge)
     }
 }
 
@@ -804,7 +814,7 @@ pub(crate) fn select_params(
         probe: rules.probe,
         logit_off,
         out_off: 0,
-        _pad: 0,
+        tok_out: 0,
     }
 }
 

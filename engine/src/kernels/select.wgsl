@@ -13,21 +13,23 @@
 //
 // out[out_off..]: [text_best, text_max, text_lse, ts_best, ts_max, ts_lse, raw_lse,
 // probe_logit] (floats as bits); an empty set gives best = 0xffffffff and max = lse = -inf.
-// `main_pick` is `main` writing only the choice, as a token id at out[out_off] (a draft
-// model's next input; see Kernels::select_pick).
+// `main_pick` is `main` that also writes its choice as a token id at ids[tok_out] (a
+// decode step's next input without a round trip; see Kernels::select_pick).
 // `out_off` lets a verify pass select several rows (one pair of dispatches per row) into
 // one buffer read back once.
 
 struct Params {
     vocab: u32, ts_begin: u32, eot: u32, flags: u32,
     ts_lo: u32, ts_hi: u32, extra0: u32, extra1: u32,
-    probe: u32, logit_off: u32, out_off: u32, _p1: u32,
+    probe: u32, logit_off: u32, out_off: u32, tok_out: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> suppress: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
+// main_pick only.
+@group(0) @binding(4) var<storage, read_write> ids: array<u32>;
 
 const WG: u32 = 256u;
 const NEG: f32 = -3.0e38;
@@ -161,33 +163,43 @@ fn merge_partials(lid: u32) {
     tree_merge(lid);
 }
 
+// The 8 output words at out[out_off..] from the merged slots (thread 0 only).
+fn write_scores() {
+    let o = p.out_off;
+    for (var g = 0u; g < 2u; g++) {
+        let i = g * WG;
+        if (rs[i] == 0.0) {
+            out[o + 3u * g] = NONE;
+            out[o + 3u * g + 1u] = neg_inf_bits();
+            out[o + 3u * g + 2u] = neg_inf_bits();
+        } else {
+            out[o + 3u * g] = ra[i];
+            out[o + 3u * g + 1u] = bitcast<u32>(rm[i]);
+            out[o + 3u * g + 2u] = bitcast<u32>(rm[i] + log(rs[i]));
+        }
+    }
+    out[o + 6u] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
+    out[o + 7u] = bitcast<u32>(logits[GROUPS * PW]);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32) {
     // `logits` is the partials buffer here.
     merge_partials(lid);
     if (lid == 0u) {
-        let o = p.out_off;
-        for (var g = 0u; g < 2u; g++) {
-            let i = g * WG;
-            if (rs[i] == 0.0) {
-                out[o + 3u * g] = NONE;
-                out[o + 3u * g + 1u] = neg_inf_bits();
-                out[o + 3u * g + 2u] = neg_inf_bits();
-            } else {
-                out[o + 3u * g] = ra[i];
-                out[o + 3u * g + 1u] = bitcast<u32>(rm[i]);
-                out[o + 3u * g + 2u] = bitcast<u32>(rm[i] + log(rs[i]));
-            }
-        }
-        out[o + 6u] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
-        out[o + 7u] = bitcast<u32>(logits[GROUPS * PW]);
+        write_scores();
     }
 }
 
+// The choice greedy decoding makes without the timestamp rules' "timestamps beat text"
+// check (what the host's pick does when that check is off): the best allowed timestamp
+// when its logit is above the best text token's, else the text token; eot when nothing
+// is allowed. Ties go to text (every text id is below every timestamp).
 @compute @workgroup_size(256)
 fn main_pick(@builtin(local_invocation_index) lid: u32) {
     merge_partials(lid);
     if (lid == 0u) {
+        write_scores();
         var id = p.eot;
         if (rs[0] != 0.0) {
             id = ra[0];
@@ -195,6 +207,6 @@ fn main_pick(@builtin(local_invocation_index) lid: u32) {
         if (rs[WG] != 0.0 && (rs[0] == 0.0 || rm[WG] > rm[0])) {
             id = ra[WG];
         }
-        out[p.out_off] = id;
+        ids[p.tok_out] = id;
     }
 }

@@ -448,10 +448,10 @@ fn select_matches_reference() {
     }
 }
 
-/// The draft's pick: the same masked reductions, only the choice written as a token id
+/// The pick: the same scores as `select`, and the choice written as a token id
 /// (timestamp when its best logit beats the best text token's; eot when nothing is allowed).
 #[test]
-fn select_pick_writes_the_masked_choice() {
+fn select_pick_writes_scores_and_the_choice() {
     let mut r = rng("select_pick");
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
@@ -463,23 +463,28 @@ fn select_pick_writes_the_masked_choice() {
         }
         let suppress: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
         let rules = StepRules {
-            mask_text: false,
+            mask_text: trial == 7,
             mask_non_timestamps: trial == 5,
             ts_lo: ts_begin,
             ts_hi: if trial == 3 || trial == 5 { ts_begin } else { vocab },
             extra_suppress: [u32::MAX, u32::MAX],
-            probe: u32::MAX,
+            probe: 9,
         };
         let lb = g.upload_f32("logits", &logits).unwrap();
         let sb = g.upload_u32("suppress", &suppress_bitmask(&suppress, vocab)).unwrap();
         let ids = poisoned(4);
+        let out = poisoned(16);
         let mut rec = g.recorder();
-        let params = SelectParams { out_off: 2, ..select_params(&rules, vocab, ts_begin, eot, 0) };
-        kern.select_pick(&mut rec, &lb, &sb, &params, &ids).unwrap();
+        let params = SelectParams { out_off: 8, tok_out: 2, ..select_params(&rules, vocab, ts_begin, eot, 0) };
+        kern.select_pick(&mut rec, &lb, &sb, &params, &out, &ids).unwrap();
         rec.submit(None).unwrap();
         let got = g.read_u32(&ids, 0, 4).unwrap();
-        assert_eq!([got[0], got[1], got[3]], [NAN_BITS; 3], "trial {trial}: wrote beside out_off");
+        assert_eq!([got[0], got[1], got[3]], [NAN_BITS; 3], "trial {trial}: wrote beside tok_out");
+        let words = g.read_u32(&out, 0, 16).unwrap();
+        assert!(words[..8].iter().all(|&w| w == NAN_BITS), "trial {trial}: scores before out_off");
         let s = ref_select::masked_scores(&logits, &suppress, &rules, ts_begin, eot);
+        let sc = scores_from_words(&words[8..]);
+        assert_eq!((sc.text_best, sc.ts_best), (s.text_best, s.ts_best), "trial {trial}: scores");
         let want = match (s.text_best != u32::MAX, s.ts_best != u32::MAX) {
             (_, true) if s.text_best == u32::MAX || s.ts_max > s.text_max => s.ts_best,
             (true, _) => s.text_best,

@@ -50,6 +50,12 @@ pub const MAX_VERIFY: usize = crate::kernels::GEMV_MAX_ROWS as usize;
 /// Most tokens one `draft` call proposes.
 pub const MAX_DRAFT: usize = MAX_VERIFY;
 
+/// Most decode steps per readback (`greedy_steps`).
+pub const MAX_STEPS: usize = 16;
+
+/// Rows of 8 score words the selection output holds (verify rows or greedy steps).
+const SCORE_ROWS: usize = if MAX_STEPS > MAX_VERIFY { MAX_STEPS } else { MAX_VERIFY };
+
 /// The decoder's scratch and output buffers, borrowed field by field (so the dispatch
 /// cache can be borrowed mutably beside them).
 struct DecBufs<'a> {
@@ -303,6 +309,8 @@ pub struct GpuWhisper {
     dec_cache: DispatchCache,
     /// Verify passes keep their own bind groups (another dispatch sequence).
     ver_cache: DispatchCache,
+    /// So do submissions of several steps.
+    steps_cache: DispatchCache,
 }
 
 fn ln(n: &Norm) -> NormArgs<'_> {
@@ -453,14 +461,15 @@ impl GpuWhisper {
             dec_q: g.buffer("decoder cross q", f32s(t * d))?,
             dec_attn: g.buffer("decoder attention", f32s(t * d))?,
             dec_h: g.buffer("decoder hidden", f32s(t * f))?,
-            tokens: g.buffer("tokens", (t * 4) as u64)?,
+            tokens: g.buffer("tokens", ((t + 1) * 4) as u64)?,
             // One row per verified position.
             logits: g.buffer("logits", f32s(dims.vocab * MAX_VERIFY))?,
             suppress: g.upload_u32("suppress", &suppress_bitmask(&[], dims.vocab as u32))?,
-            select_out: g.buffer("select out", 32 * MAX_VERIFY as u64)?,
+            select_out: g.buffer("select out", 32 * SCORE_ROWS as u64)?,
+            // Scores, then (greedy steps) the chosen tokens.
             readback: g.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("select readback"),
-                size: 32 * MAX_VERIFY as u64,
+                size: 36 * SCORE_ROWS as u64,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
@@ -472,6 +481,7 @@ impl GpuWhisper {
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
             ver_cache: DispatchCache::default(),
+            steps_cache: DispatchCache::default(),
             gpu,
         })
     }
@@ -667,6 +677,57 @@ impl GpuWhisper {
         let words = self.read_scores(n)?;
         self.kv_len += n;
         Ok(words.chunks(8).map(scores_from_words).collect())
+    }
+
+    /// Several decode steps with one readback (see `LogitSource::greedy_steps`).
+    fn greedy_positions(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+        let pos0 = self.kv_len;
+        let vocab = self.dims.vocab as u32;
+        let t_record = std::time::Instant::now();
+        self.pending = None;
+        let g = self.gpu.clone();
+        g.write(&self.tokens, 0, bytemuck::cast_slice(&[first]));
+        let base = select_params(rules, vocab, self.ts_begin, self.eot, 0);
+        let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
+        let bufs = dec_bufs!(self);
+        // Step i embeds tokens[i] (the host's first, then the GPU's picks) at pos0 + i. The
+        // steps go in submissions of STEPS_PER_SUBMIT, each submitted as soon as it is
+        // recorded, so the GPU runs one while the host records the next (recording costs
+        // ≈ 0.1 ms a step on the H200, running it ≈ 0.33; a submission per step cost the
+        // GPU ≈ 0.04 ms a step in gaps, 16 in one left all recording unhidden). The
+        // parameter arenas are reused from submission to submission: queue writes are
+        // ordered with the submissions around them.
+        const STEPS_PER_SUBMIT: usize = 4;
+        let mut i = 0;
+        while i < k {
+            let end = (i + STEPS_PER_SUBMIT).min(k);
+            let mut rec = g.recorder_cached(&mut self.steps_cache);
+            rec.stage("decode");
+            for j in i..end {
+                Self::record_forward(&self.kern, &self.dims, &layers, logits_w, &bufs, &mut rec, 1, pos0 + j, j, false)?;
+                let sp = SelectParams { out_off: 8 * j as u32, tok_out: j as u32 + 1, ..base };
+                self.kern.select_pick(&mut rec, &self.logits, &self.suppress, &sp, &self.select_out, &self.tokens)?;
+            }
+            if end == k {
+                rec.copy(&self.select_out, 0, &self.readback, 0, 32 * k as u64);
+                rec.copy(&self.tokens, 4, &self.readback, 32 * SCORE_ROWS as u64, 4 * k as u64);
+            }
+            rec.submit(Some(&mut self.profile))?;
+            i = end;
+        }
+        let t_wait = std::time::Instant::now();
+        g.map_and_wait(&self.readback)?;
+        self.host_times.0 += (t_wait - t_record).as_secs_f64();
+        self.host_times.1 += t_wait.elapsed().as_secs_f64();
+        self.host_times.2 += k as u64;
+        let (words, picks): (Vec<u32>, Vec<u32>) = {
+            let view = self.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading scores back: {e}")))?;
+            let base = 32 * SCORE_ROWS;
+            (bytemuck::pod_collect_to_vec(&view[..k * 32]), bytemuck::pod_collect_to_vec(&view[base..base + 4 * k]))
+        };
+        self.readback.unmap();
+        self.kv_len += k;
+        Ok((picks, words.chunks(8).map(scores_from_words).collect()))
     }
 
     /// Record the decoder over `n` positions from `pos0` (tokens already in `tokens`), the
@@ -926,8 +987,9 @@ impl GpuWhisper {
         let mut n = end - common;
         for i in 0..k {
             Self::record_forward(&self.kern, &dims, &layers, WRef::Q(&dr.logits_w), &bufs, &mut rec, n, pos, pos, false)?;
-            let sp = SelectParams { out_off: (end + i) as u32, ..base };
-            self.kern.select_pick(&mut rec, &dr.logits, &self.suppress, &sp, &dr.tokens)?;
+            // (The scores go to the main model's selection scratch, unread.)
+            let sp = SelectParams { tok_out: (end + i) as u32, ..base };
+            self.kern.select_pick(&mut rec, &dr.logits, &self.suppress, &sp, &self.select_out, &dr.tokens)?;
             pos += n;
             n = 1;
         }
@@ -985,6 +1047,21 @@ impl LogitSource for GpuWhisper {
             )));
         }
         self.verify_positions(tokens, rules)
+    }
+
+    fn max_steps(&self) -> usize {
+        MAX_STEPS
+    }
+
+    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+        self.check_append("greedy_steps", &[first])?;
+        if k == 0 || k > MAX_STEPS || self.kv_len + k > self.dims.text_ctx {
+            return Err(Error::Invalid(format!(
+                "greedy_steps of {k} steps at position {} (1 to {MAX_STEPS}, within {} positions)",
+                self.kv_len, self.dims.text_ctx
+            )));
+        }
+        self.greedy_positions(first, k, rules)
     }
 
     fn draft(&mut self, context: &[u32], k: usize, timestamps: bool) -> Result<Vec<u32>> {
