@@ -54,12 +54,16 @@ fn dot_q8(u: u32, xr: u32, k0: u32) -> f32 {
     return fma(f32(extractBits(s, 24u, 8u)), xin(xr, k0 + 3u), t);
 }
 
+// Written out (a loop over the nibbles ran the lab's q4_0 GEMV at 79 GB/s on the H200).
 fn dot_q4(u: u32, xr: u32, k0: u32) -> f32 {
-    var t = 0.0;
-    for (var i = 0u; i < 8u; i++) {
-        t = fma(f32(i32(extractBits(u, 4u * i, 4u)) - 8), xin(xr, k0 + i), t);
-    }
-    return t;
+    var t = f32(i32(u & 15u) - 8) * xin(xr, k0);
+    t = fma(f32(i32((u >> 4u) & 15u) - 8), xin(xr, k0 + 1u), t);
+    t = fma(f32(i32((u >> 8u) & 15u) - 8), xin(xr, k0 + 2u), t);
+    t = fma(f32(i32((u >> 12u) & 15u) - 8), xin(xr, k0 + 3u), t);
+    t = fma(f32(i32((u >> 16u) & 15u) - 8), xin(xr, k0 + 4u), t);
+    t = fma(f32(i32((u >> 20u) & 15u) - 8), xin(xr, k0 + 5u), t);
+    t = fma(f32(i32((u >> 24u) & 15u) - 8), xin(xr, k0 + 6u), t);
+    return fma(f32(i32(u >> 28u) - 8), xin(xr, k0 + 7u), t);
 }
 
 fn block_scale(kb: u32, col: u32) -> f32 {

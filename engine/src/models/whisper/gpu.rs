@@ -691,16 +691,17 @@ impl GpuWhisper {
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let bufs = dec_bufs!(self);
         // Step i embeds tokens[i] (the host's first, then the GPU's picks) at pos0 + i. The
-        // steps go in submissions of STEPS_PER_SUBMIT, each submitted as soon as it is
-        // recorded, so the GPU runs one while the host records the next (recording costs
-        // ≈ 0.1 ms a step on the H200, running it ≈ 0.33; a submission per step cost the
-        // GPU ≈ 0.04 ms a step in gaps, 16 in one left all recording unhidden). The
-        // parameter arenas are reused from submission to submission: queue writes are
-        // ordered with the submissions around them.
+        // first step goes alone and the rest in submissions of up to STEPS_PER_SUBMIT, each
+        // submitted as soon as it is recorded, so the GPU runs one while the host records
+        // the next (recording costs ≈ 0.1 ms a step on the H200, running it ≈ 0.33; a
+        // submission per step cost the GPU ≈ 0.04 ms a step in gaps, and 4 or 16 steps
+        // recorded before one submission left all the recording unhidden). The parameter
+        // arenas are reused from submission to submission: queue writes are ordered with
+        // the submissions around them.
         const STEPS_PER_SUBMIT: usize = 4;
         let mut i = 0;
         while i < k {
-            let end = (i + STEPS_PER_SUBMIT).min(k);
+            let end = if i == 0 { 1 } else { (i + STEPS_PER_SUBMIT).min(k) };
             let mut rec = g.recorder_cached(&mut self.steps_cache);
             rec.stage("decode");
             for j in i..end {
