@@ -1144,7 +1144,7 @@ mod tests {
         let mut plain_src = mock_with_suppress(repetitive);
         let plain = decode_window(&mut plain_src, &prompt, &sp(), BLANK, &o).unwrap();
         assert!(plain.tokens.len() > 30);
-        for (k, corrupt) in [(2, None), (5, None), (16, None), (16, Some(7)), (3, Some(0))] {
+        for (k, corrupt) in [(2, None), (5, None), (16, None), (16, Some(5)), (3, Some(0))] {
             let mut src = mock_with_suppress(repetitive);
             src.steps_max = k;
             src.corrupt_pick_at = corrupt;
