@@ -280,7 +280,7 @@ fn bench(args: &Args) -> Result<(), String> {
                 let mut next = text_token(4);
                 let t = Instant::now();
                 for _ in 0..calls {
-                    let (picks, _) = model.greedy_steps(next, k, &rules, false).map_err(err)?;
+                    let (picks, _) = model.greedy_steps(next, k, &rules).map_err(err)?;
                     next = *picks.last().expect("k picks");
                 }
                 if b > 0 {

@@ -661,44 +661,31 @@ fn greedy_steps_equal_single_steps_bit_for_bit() {
         let rules = rules_for(0, &geom, 0);
         let g = &mut p.gpu;
         let k = 7;
-        // Without and with the "timestamps beat text" check in the device's pick.
-        for check in [true, false] {
-            g.begin_window(&mel).unwrap();
-            g.advance(&prompt, &rules).unwrap();
-            let (picks, batched) = g.greedy_steps(first, k, &rules, check).unwrap();
-            assert_eq!((picks.len(), batched.len()), (k, k));
-            g.begin_window(&mel).unwrap();
-            g.advance(&prompt, &rules).unwrap();
-            let mut t = first;
-            for i in 0..k {
-                let sc = g.advance(&[t], &rules).unwrap();
-                assert_eq!(sc, batched[i], "step {i} of a batch differs from a single step");
-                let has_ts = sc.ts_best != u32::MAX;
-                let want = if has_ts && check && sc.ts_lse > sc.text_max {
-                    sc.ts_best
-                } else if has_ts && (sc.text_best == u32::MAX || sc.ts_max > sc.text_max) {
-                    sc.ts_best
-                } else {
-                    sc.text_best
-                };
-                assert_eq!(picks[i], want, "step {i}: the device's pick (check {check})");
-                t = picks[i];
-            }
-        }
         g.begin_window(&mel).unwrap();
         g.advance(&prompt, &rules).unwrap();
-        let (picks, batched) = g.greedy_steps(first, k, &rules, false).unwrap();
+        let (picks, batched) = g.greedy_steps(first, k, &rules).unwrap();
+        assert_eq!((picks.len(), batched.len()), (k, k));
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules).unwrap();
+        let mut t = first;
+        for i in 0..k {
+            let sc = g.advance(&[t], &rules).unwrap();
+            assert_eq!(sc, batched[i], "step {i} of a batch differs from a single step");
+            let want = if sc.ts_best != u32::MAX && (sc.text_best == u32::MAX || sc.ts_max > sc.text_max) { sc.ts_best } else { sc.text_best };
+            assert_eq!(picks[i], want, "step {i}: the device's pick");
+            t = picks[i];
+        }
         // Roll three back and feed them again one at a time: the same scores.
         g.begin_window(&mel).unwrap();
         g.advance(&prompt, &rules).unwrap();
-        g.greedy_steps(first, k, &rules, false).unwrap();
+        g.greedy_steps(first, k, &rules).unwrap();
         g.rollback(3).unwrap();
         for i in k - 3..k {
             assert_eq!(g.advance(&[picks[i - 1]], &rules).unwrap(), batched[i], "after the rollback: step {i}");
         }
-        assert!(g.greedy_steps(first, 0, &rules, false).is_err());
-        assert!(g.greedy_steps(first, geom.dims.text_ctx, &rules, false).is_err(), "past the context");
-        assert!(g.greedy_steps(geom.dims.vocab as u32, 2, &rules, false).is_err());
+        assert!(g.greedy_steps(first, 0, &rules).is_err());
+        assert!(g.greedy_steps(first, geom.dims.text_ctx, &rules).is_err(), "past the context");
+        assert!(g.greedy_steps(geom.dims.vocab as u32, 2, &rules).is_err());
         eprintln!("[{tag}] head_dim {}: {k} steps per readback = single steps", geom.dims.head_dim());
     }
 }

@@ -92,14 +92,13 @@ pub trait LogitSource {
     fn max_steps(&self) -> usize {
         0
     }
-    /// `k` greedy decode steps with one readback (no host round trip between them): feed
-    /// `first` at the next position, choose the next token on the device from its scores
-    /// under `rules` (with Whisper's "timestamps beat text" check when `ts_over_text`),
-    /// feed that, and so on. Returns the k choices and the
+    /// `k` greedy decode steps with one readback (no host round trip between them): feed `first` at the next position, choose
+    /// the next token on the device from its scores under `rules` (the pick without the
+    /// "timestamps beat text" check), feed that, and so on. Returns the k choices and the
     /// k positions' scores (as `advance` would give them, bit for bit); the k positions
     /// stay in the state (roll back what the caller does not keep).
-    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules, ts_over_text: bool) -> Result<(Vec<u32>, Vec<StepScores>)> {
-        let _ = (first, k, rules, ts_over_text);
+    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+        let _ = (first, k, rules);
         Err(crate::Error::Unsupported("this logit source has no multi-step path".into()))
     }
     /// A draft model's guess at up to `k` tokens following `context` (this window's prompt

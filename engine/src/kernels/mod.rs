@@ -17,9 +17,6 @@ use crate::gpu::{Access, Cost, Gpu, Kernel, Recorder};
 use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::{Error, Result};
 
-/// select.wgsl's `main_pick`: apply Whisper's "timestamps beat text" rule (flags bit 4).
-pub(crate) const SELECT_FLAG_TS_OVER_TEXT: u32 = 4;
-
 /// Workgroups of the selection's first pass (`GROUPS` in select.wgsl).
 const SELECT_GROUPS: u64 = 64;
 

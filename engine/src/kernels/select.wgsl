@@ -191,26 +191,20 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
-// The choice greedy decoding makes (the host's `pick`): with flag 4, Whisper's
-// "timestamps beat text" rule first (the timestamps' log-sum-exp above the best text
-// logit: the best timestamp); then the best allowed timestamp when its logit is above the
-// best text token's, else the text token; eot when nothing is allowed. Ties go to text
-// (every text id is below every timestamp).
+// The choice greedy decoding makes without the timestamp rules' "timestamps beat text"
+// check (what the host's pick does when that check is off): the best allowed timestamp
+// when its logit is above the best text token's, else the text token; eot when nothing
+// is allowed. Ties go to text (every text id is below every timestamp).
 @compute @workgroup_size(256)
 fn main_pick(@builtin(local_invocation_index) lid: u32) {
     merge_partials(lid);
     if (lid == 0u) {
         write_scores();
-        let has_text = rs[0] != 0.0;
-        let has_ts = rs[WG] != 0.0;
         var id = p.eot;
-        if (has_text) {
+        if (rs[0] != 0.0) {
             id = ra[0];
         }
-        let text_max = select(NEG, rm[0], has_text);
-        if (has_ts && (p.flags & 4u) != 0u && rm[WG] + log(rs[WG]) > text_max) {
-            id = ra[WG];
-        } else if (has_ts && (!has_text || rm[WG] > rm[0])) {
+        if (rs[WG] != 0.0 && (rs[0] == 0.0 || rm[WG] > rm[0])) {
             id = ra[WG];
         }
         ids[p.tok_out] = id;

@@ -35,7 +35,7 @@ use super::Dims;
 use crate::decode::{LogitSource, StepRules, StepScores};
 use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
-    scores_from_words, select_params, suppress_bitmask, SELECT_FLAG_TS_OVER_TEXT, AttentionArgs, Epilogue, F16Matrix, Kernels, NormArgs, QMatrix,
+    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, NormArgs, QMatrix,
     Rows, SelectParams,
 };
 use crate::quant::block::{BlockFormat, BlockQuant};
@@ -680,17 +680,14 @@ impl GpuWhisper {
     }
 
     /// Several decode steps with one readback (see `LogitSource::greedy_steps`).
-    fn greedy_positions(&mut self, first: u32, k: usize, rules: &StepRules, ts_over_text: bool) -> Result<(Vec<u32>, Vec<StepScores>)> {
+    fn greedy_positions(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
         let pos0 = self.kv_len;
         let vocab = self.dims.vocab as u32;
         let t_record = std::time::Instant::now();
         self.pending = None;
         let g = self.gpu.clone();
         g.write(&self.tokens, 0, bytemuck::cast_slice(&[first]));
-        let mut base = select_params(rules, vocab, self.ts_begin, self.eot, 0);
-        if ts_over_text {
-            base.flags |= SELECT_FLAG_TS_OVER_TEXT;
-        }
+        let base = select_params(rules, vocab, self.ts_begin, self.eot, 0);
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let bufs = dec_bufs!(self);
         // Step i embeds tokens[i] (the host's first, then the GPU's picks) at pos0 + i. The
@@ -1057,7 +1054,7 @@ impl LogitSource for GpuWhisper {
         MAX_STEPS
     }
 
-    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules, ts_over_text: bool) -> Result<(Vec<u32>, Vec<StepScores>)> {
+    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
         self.check_append("greedy_steps", &[first])?;
         if k == 0 || k > MAX_STEPS || self.kv_len + k > self.dims.text_ctx {
             return Err(Error::Invalid(format!(
@@ -1065,7 +1062,7 @@ impl LogitSource for GpuWhisper {
                 self.kv_len, self.dims.text_ctx
             )));
         }
-        self.greedy_positions(first, k, rules, ts_over_text)
+        self.greedy_positions(first, k, rules)
     }
 
     fn draft(&mut self, context: &[u32], k: usize, timestamps: bool) -> Result<Vec<u32>> {
