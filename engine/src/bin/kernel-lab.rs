@@ -207,6 +207,13 @@ impl Lab<'_> {
     /// batch then `self.batches` timed ones, each its own submit + wait. Pipeline and bind
     /// group are set before every dispatch, as the engine's recorder does.
     fn time(&self, k: &Kernel, binds: &[wgpu::BindGroup], grid: [u32; 2], per_batch: u32) -> LabResult<Timing> {
+        self.time_mixed(&[k], binds, grid, per_batch)
+    }
+
+    /// `time` with dispatch i running `kernels[i % len]` with `binds[i % len]` (a chain
+    /// that alternates pipelines).
+    fn time_mixed(&self, kernels: &[&Kernel], binds: &[wgpu::BindGroup], grid: [u32; 2], per_batch: u32) -> LabResult<Timing> {
+        let k = kernels[0];
         let dev = &self.gpu.device;
         let total = self.batches + 1;
         let qs = self.timestamps.then(|| {
@@ -228,7 +235,7 @@ impl Lab<'_> {
                 let mut pass =
                     enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(k.name), timestamp_writes: tw });
                 for i in 0..per_batch as usize {
-                    pass.set_pipeline(&k.pipeline);
+                    pass.set_pipeline(&kernels[i % kernels.len()].pipeline);
                     pass.set_bind_group(0, &binds[i % binds.len()], &[]);
                     pass.dispatch_workgroups(grid[0], grid[1], 1);
                 }
@@ -263,66 +270,6 @@ impl Lab<'_> {
             gpu.push((e - a) as f64 * self.period_ns * 1e-9 / per_batch as f64);
         }
         Ok(Timing::from_batches(&gpu, Clock::Gpu))
-    }
-
-    /// `time` for a chain of `per_batch` dispatches alternating between two kernels (each
-    /// with its own bind group), GPU timestamps around the pass.
-    fn time_pair(
-        &self,
-        k1: &Kernel,
-        b1: &wgpu::BindGroup,
-        k2: &Kernel,
-        b2: &wgpu::BindGroup,
-        grid: [u32; 2],
-        per_batch: u32,
-    ) -> LabResult<Timing> {
-        let dev = &self.gpu.device;
-        let total = self.batches + 1;
-        let qs = dev.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("lab pair timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2 * total,
-        });
-        let mut wall = Vec::new();
-        for b in 0..total {
-            let mut enc = dev.create_command_encoder(&Default::default());
-            {
-                let tw = self.timestamps.then_some(wgpu::ComputePassTimestampWrites {
-                    query_set: &qs,
-                    beginning_of_pass_write_index: Some(2 * b),
-                    end_of_pass_write_index: Some(2 * b + 1),
-                });
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("lab pair"), timestamp_writes: tw });
-                for i in 0..per_batch {
-                    let (k, bg) = if i % 2 == 0 { (k1, b1) } else { (k2, b2) };
-                    pass.set_pipeline(&k.pipeline);
-                    pass.set_bind_group(0, bg, &[]);
-                    pass.dispatch_workgroups(grid[0], grid[1], 1);
-                }
-            }
-            let cmd = enc.finish();
-            let t0 = Instant::now();
-            self.gpu.queue.submit([cmd]);
-            self.gpu.wait()?;
-            wall.push(t0.elapsed().as_secs_f64() / per_batch as f64);
-        }
-        if !self.timestamps {
-            return Ok(Timing::from_batches(&wall[1..], Clock::Wall));
-        }
-        let resolve = dev.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("lab pair timestamps"),
-            size: 16 * total as u64,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let mut enc = dev.create_command_encoder(&Default::default());
-        enc.resolve_query_set(&qs, 0..2 * total, &resolve, 0);
-        self.gpu.queue.submit([enc.finish()]);
-        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.gpu.read(&resolve, 0, 16 * total as u64)?);
-        let gpu_t: Vec<f64> = (1..total as usize)
-            .map(|b| ticks[2 * b + 1].saturating_sub(ticks[2 * b]) as f64 * self.period_ns * 1e-9 / per_batch as f64)
-            .collect();
-        Ok(Timing::from_batches(&gpu_t, Clock::Gpu))
     }
 
     /// Wall time of one submit + wait round trip, `per_batch` of them per batch.
@@ -784,7 +731,7 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
         let b1 = if groups > 1 { b2.clone() } else { lab.bind(&k, &params, &[&y]) };
         let k1: &Kernel = if groups > 1 { second } else { &k };
         let mut row = Row::new(Section::Probe, name, change);
-        let t = lab.time_pair(k1, &b1, second, &b2, [groups, 1], n)?;
+        let t = lab.time_mixed(&[k1, second], &[b1, b2], [groups, 1], n)?;
         row.dep = Some(t);
         let got = gpu.read_f32(&y, 0, 1)?[0];
         row.check = if got == expect_runs * n as f32 { "ok".into() } else { format!("WRONG count {got}") };

@@ -24,12 +24,6 @@
 // flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate; 16 LayerNorm
 // (gemv_common.wgsl, prepended too, has the folded norm and the epilogue).
 
-struct Params {
-    m: u32, n: u32, k: u32, flags: u32,
-    x_off: u32, x_stride: u32, y_off: u32, y_stride: u32,
-    eps: f32, _p0: u32, _p1: u32, _p2: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;

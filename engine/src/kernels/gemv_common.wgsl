@@ -1,8 +1,15 @@
 // What the two GEMV families (gemv.wgsl: f16 weights; gemv_q.wgsl: q8_0 / q4_0 blocks)
 // share: the LayerNorm folded into the input rows and the epilogue with its operands loaded
-// ahead. Prepended to each (after gelu.wgsl); the including file declares `p` (with k,
-// flags, eps), `x`, `gamma`, `beta`, `y`, `bias`, `WG` (threads per workgroup) and `MAXM`
-// (rows whose statistics a workgroup keeps).
+// ahead, and the parameter block (`GemvParams` in mod.rs). Prepended to each (after
+// gelu.wgsl); the including file declares `p: Params` (binding 0), `x`, `gamma`, `beta`,
+// `y`, `bias`, `WG` (threads per workgroup) and `MAXM` (rows whose statistics a workgroup
+// keeps).
+
+struct Params {
+    m: u32, n: u32, k: u32, flags: u32,
+    x_off: u32, x_stride: u32, y_off: u32, y_stride: u32,
+    eps: f32, _p0: u32, _p1: u32, _p2: u32,
+}
 
 var<workgroup> rs: array<f32, 256>;
 var<workgroup> stat: array<f32, 16>; // mean[MAXM], 1/sigma[MAXM]

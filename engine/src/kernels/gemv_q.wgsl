@@ -15,12 +15,6 @@
 // offset by 8). Large matrices (the logits) use CQ 64 x KQ 4 (`GEMV_Q_WIDE` in mod.rs).
 // flags as gemv.wgsl: 1 bias, 2 GELU, 4 accumulate, 16 LayerNorm (gemv_common.wgsl).
 
-struct Params {
-    m: u32, n: u32, k: u32, flags: u32,
-    x_off: u32, x_stride: u32, y_off: u32, y_stride: u32,
-    eps: f32, _p0: u32, _p1: u32, _p2: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;

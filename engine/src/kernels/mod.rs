@@ -224,6 +224,29 @@ struct GemvParams {
     _pad: [u32; 3],
 }
 
+impl GemvParams {
+    /// The parameter block both GEMV families read (gemv.wgsl, gemv_q.wgsl).
+    #[allow(clippy::too_many_arguments)]
+    fn new(x: Rows, m: u32, n: u32, k: u32, norm: Option<NormArgs>, bias: bool, y: Rows, ep: Epilogue) -> Self {
+        let flags = if bias { GEMM_FLAG_BIAS } else { 0 }
+            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
+            | if norm.is_some() { GEMV_FLAG_LAYERNORM } else { 0 };
+        GemvParams {
+            m,
+            n,
+            k,
+            flags,
+            x_off: x.off,
+            x_stride: x.stride,
+            y_off: y.off,
+            y_stride: y.stride,
+            eps: norm.map_or(0.0, |n| n.eps),
+            _pad: [0; 3],
+        }
+    }
+}
+
 /// A LayerNorm to apply to a linear layer's input rows first (gamma, beta, eps).
 #[derive(Clone, Copy)]
 pub struct NormArgs<'a> {
@@ -427,22 +450,7 @@ impl Kernels {
         ep: Epilogue,
         per_row: bool,
     ) -> Result<()> {
-        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
-            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
-            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
-            | if norm.is_some() { GEMV_FLAG_LAYERNORM } else { 0 };
-        let params = GemvParams {
-            m,
-            n: w.n,
-            k: w.k,
-            flags,
-            x_off: x.off,
-            x_stride: x.stride,
-            y_off: y.off,
-            y_stride: y.stride,
-            eps: norm.map_or(0.0, |n| n.eps),
-            _pad: [0; 3],
-        };
+        let params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         if norm.is_some() {
             cost.bytes += w.k as u64 * 8;
@@ -506,22 +514,7 @@ impl Kernels {
         if m == 0 {
             return Err(Error::Invalid("linear_q: no rows".into()));
         }
-        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
-            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
-            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
-            | if norm.is_some() { GEMV_FLAG_LAYERNORM } else { 0 };
-        let params = GemvParams {
-            m,
-            n: w.n,
-            k: w.k,
-            flags,
-            x_off: x.off,
-            x_stride: x.stride,
-            y_off: y.off,
-            y_stride: y.stride,
-            eps: norm.map_or(0.0, |n| n.eps),
-            _pad: [0; 3],
-        };
+        let params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
         // Later rows re-read W, mostly from L2: booked at an eighth of its size.
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };

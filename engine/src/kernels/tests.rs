@@ -120,21 +120,43 @@ fn linear_ln_matches_reference() {
     run_linear_ln(&mut r, 2, 34, 39, false, true);
 }
 
-/// The verify pass's GEMV: every row of a per-row call equals, bit for bit, the same row
-/// computed alone (M = 1, as a decode step does), and the reference within rounding.
-fn run_linear_per_row(r: &mut StdRng, m: usize, n: usize, k: usize, with_norm: bool, gelu: bool, accumulate: bool) {
+/// Weights of a per-row GEMV test: f16, or quantized in a block format.
+#[derive(Clone, Copy, Debug)]
+enum TestWeights {
+    F16,
+    Q(BlockFormat),
+}
+
+/// The per-row GEMVs (a verify pass's f16 `linear_per_row`, and `linear_q` for prompts,
+/// steps and verify passes alike): every row of an m-row call equals, bit for bit, the same
+/// row computed alone (as a decode step does), and the reference within rounding. X sits
+/// at an offset in a longer buffer with poison around it: a row (or a quantized last
+/// block's padding) must not read past K.
+#[allow(clippy::too_many_arguments)]
+fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: usize, with_norm: bool, gelu: bool, accumulate: bool) {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
     let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
     let gm = rand_vec(r, k, 1.0);
     let bt = rand_vec(r, k, 0.5);
-    let w = f16_round(&rand_vec(r, n * k, 0.5));
+    let (fm, qm, w) = match wt {
+        TestWeights::F16 => {
+            let w = f16_round(&rand_vec(r, n * k, 0.5));
+            (Some(F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap()), None, w)
+        }
+        TestWeights::Q(format) => {
+            let q = BlockQuant::quantize(format, &rand_vec(r, n * k, 0.5), n, k).unwrap();
+            (None, Some(QMatrix::upload(g, "w", &q).unwrap()), q.dequantize())
+        }
+    };
     let b = rand_vec(r, n, 0.5);
     let y0 = rand_vec(r, m * n, 1.0);
-    let xb = g.upload_f32("x", &x).unwrap();
+    let mut xs = vec![f32::NAN; 3];
+    xs.extend_from_slice(&x);
+    xs.extend_from_slice(&[f32::NAN; 40]);
+    let xb = g.upload_f32("x", &xs).unwrap();
     let gb = g.upload_f32("gamma", &gm).unwrap();
     let bb_ = g.upload_f32("beta", &bt).unwrap();
-    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
     let bb = g.upload_f32("b", &b).unwrap();
     let ep = Epilogue { gelu, accumulate };
     let norm = || with_norm.then_some(NormArgs { gamma: &gb, beta: &bb_, eps: 1e-5 });
@@ -145,36 +167,44 @@ fn run_linear_per_row(r: &mut StdRng, m: usize, n: usize, k: usize, with_norm: b
         g.write(&alone, 0, bytemuck::cast_slice(&y0));
     }
     let mut rec = g.recorder();
-    kern.linear_per_row(&mut rec, Rows::new(&xb, k), m as u32, norm(), &wm, Some(&bb), Rows::new(&together, n), ep).unwrap();
+    let (xm, ym) = (Rows::at(&xb, 3, k), Rows::new(&together, n));
+    match (&fm, &qm) {
+        (Some(f), _) => kern.linear_per_row(&mut rec, xm, m as u32, norm(), f, Some(&bb), ym, ep).unwrap(),
+        (_, Some(q)) => kern.linear_q(&mut rec, xm, m as u32, norm(), q, Some(&bb), ym, ep).unwrap(),
+        _ => unreachable!(),
+    }
     for i in 0..m {
-        let (x1, y1) = (Rows::at(&xb, i * k, k), Rows::at(&alone, i * n, n));
+        let (x1, y1) = (Rows::at(&xb, 3 + i * k, k), Rows::at(&alone, i * n, n));
         let scratch = poisoned(k);
-        match norm() {
-            Some(nm) => kern.linear_ln(&mut rec, x1, 1, nm, &scratch, &wm, Some(&bb), y1, ep).unwrap(),
-            None => kern.linear(&mut rec, x1, 1, &wm, Some(&bb), y1, ep).unwrap(),
+        match (&fm, &qm, norm()) {
+            (Some(f), _, Some(nm)) => kern.linear_ln(&mut rec, x1, 1, nm, &scratch, f, Some(&bb), y1, ep).unwrap(),
+            (Some(f), _, None) => kern.linear(&mut rec, x1, 1, f, Some(&bb), y1, ep).unwrap(),
+            (_, Some(q), nm) => kern.linear_q(&mut rec, x1, 1, nm, q, Some(&bb), y1, ep).unwrap(),
+            _ => unreachable!(),
         }
     }
     rec.submit(None).unwrap();
     let got = g.read_f32(&together, 0, m * n).unwrap();
     let lone = g.read_f32(&alone, 0, m * n).unwrap();
+    let what = format!("{wt:?} m={m} n={n} k={k} norm={with_norm} gelu={gelu} acc={accumulate}");
     for (i, (a, b)) in got.iter().zip(&lone).enumerate() {
-        assert_eq!(a.to_bits(), b.to_bits(), "per-row m={m} n={n} k={k}: element {i} is {a}, alone {b}");
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {i} is {a}, alone {b}");
     }
     let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
     let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
     epilogue_ref(&mut want, gelu, accumulate, &y0);
     let e = rel_err(&got, &want);
-    assert!(e < 1e-5, "per-row m={m} n={n} k={k}: rel err {e}");
+    assert!(e < 1e-5, "{what}: rel err {e}");
 }
 
 #[test]
 fn linear_per_row_equals_lone_rows_bit_for_bit() {
     let mut r = rng("linear_per_row");
-    run_linear_per_row(&mut r, 3, 130, 45, false, false, false);
-    run_linear_per_row(&mut r, 5, 66, 131, true, true, true);
-    run_linear_per_row(&mut r, 8, 34, 77, true, false, true);
+    run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
+    run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
+    run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
     // Over 8 MiB: the wide M = 1 kernel.
-    run_linear_per_row(&mut r, 2, 4098, 1025, true, false, false);
+    run_rows_equal_lone(&mut r, TestWeights::F16, 2, 4098, 1025, true, false, false);
 }
 
 #[test]
@@ -494,77 +524,21 @@ fn select_pick_writes_scores_and_the_choice() {
     }
 }
 
-/// Block-quantized weights for a test: random f32 quantized, and what the GPU multiplies by.
-fn quantized(r: &mut StdRng, format: BlockFormat, n: usize, k: usize) -> (BlockQuant, Vec<f32>) {
-    let w = rand_vec(r, n * k, 0.5);
-    let q = BlockQuant::quantize(format, &w, n, k).unwrap();
-    let deq = q.dequantize();
-    (q, deq)
-}
-
-/// The quantized GEMV against the reference (dequantized weights, f64 sums), and every
-/// row of a many-row call bit-identical to the same row alone.
-fn run_linear_q(r: &mut StdRng, format: BlockFormat, m: usize, n: usize, k: usize, with_norm: bool, gelu: bool, accumulate: bool) {
-    let g = gpu();
-    let kern = Kernels::load(g).unwrap();
-    let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
-    let gm = rand_vec(r, k, 1.0);
-    let bt = rand_vec(r, k, 0.5);
-    let (q, w) = quantized(r, format, n, k);
-    let b = rand_vec(r, n, 0.5);
-    let y0 = rand_vec(r, m * n, 1.0);
-    // X sits at an offset in a longer buffer with poison past its end: a last block's
-    // padding must not read beyond K.
-    let mut xs = vec![f32::NAN; 3];
-    xs.extend_from_slice(&x);
-    xs.extend_from_slice(&[f32::NAN; 40]);
-    let xb = g.upload_f32("x", &xs).unwrap();
-    let gb = g.upload_f32("gamma", &gm).unwrap();
-    let bb_ = g.upload_f32("beta", &bt).unwrap();
-    let wm = QMatrix::upload(g, "w", &q).unwrap();
-    let bb = g.upload_f32("b", &b).unwrap();
-    let ep = Epilogue { gelu, accumulate };
-    let norm = || with_norm.then_some(NormArgs { gamma: &gb, beta: &bb_, eps: 1e-5 });
-    let together = poisoned(m * n);
-    let alone = poisoned(m * n);
-    if accumulate {
-        g.write(&together, 0, bytemuck::cast_slice(&y0));
-        g.write(&alone, 0, bytemuck::cast_slice(&y0));
-    }
-    let mut rec = g.recorder();
-    kern.linear_q(&mut rec, Rows::at(&xb, 3, k), m as u32, norm(), &wm, Some(&bb), Rows::new(&together, n), ep).unwrap();
-    for i in 0..m {
-        kern.linear_q(&mut rec, Rows::at(&xb, 3 + i * k, k), 1, norm(), &wm, Some(&bb), Rows::at(&alone, i * n, n), ep).unwrap();
-    }
-    rec.submit(None).unwrap();
-    let got = g.read_f32(&together, 0, m * n).unwrap();
-    let lone = g.read_f32(&alone, 0, m * n).unwrap();
-    let what = format!("{format:?} m={m} n={n} k={k} norm={with_norm} gelu={gelu} acc={accumulate}");
-    for (i, (a, b)) in got.iter().zip(&lone).enumerate() {
-        assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {i} is {a}, alone {b}");
-    }
-    let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
-    let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
-    epilogue_ref(&mut want, gelu, accumulate, &y0);
-    let e = rel_err(&got, &want);
-    assert!(e < 1e-5, "{what}: rel err {e}");
-}
-
 #[test]
 fn linear_q_matches_reference_and_rows_equal_lone_rows() {
     let mut r = rng("linear_q");
     for format in [BlockFormat::Q8_0, BlockFormat::Q4_0] {
         // K a multiple of 32 and not (a padded last block), N odd-sized against the
         // workgroup's 16 columns, one row and several (a prompt goes through it too).
-        run_linear_q(&mut r, format, 1, 34, 64, false, false, false);
-        run_linear_q(&mut r, format, 3, 130, 45, true, false, false);
-        run_linear_q(&mut r, format, 1, 66, 131, true, true, true);
-        run_linear_q(&mut r, format, 11, 20, 384, false, false, true);
-        run_linear_q(&mut r, format, 2, 6, 7, true, false, false);
+        run_rows_equal_lone(&mut r, TestWeights::Q(format), 1, 34, 64, false, false, false);
+        run_rows_equal_lone(&mut r, TestWeights::Q(format), 3, 130, 45, true, false, false);
+        run_rows_equal_lone(&mut r, TestWeights::Q(format), 1, 66, 131, true, true, true);
+        run_rows_equal_lone(&mut r, TestWeights::Q(format), 11, 20, 384, false, false, true);
+        run_rows_equal_lone(&mut r, TestWeights::Q(format), 2, 6, 7, true, false, false);
     }
     // Over 8 MiB of codes: the wide form.
-    run_linear_q(&mut r, BlockFormat::Q8_0, 2, 8210, 1040, true, false, false);
-    run_linear_q(&mut r, BlockFormat::Q4_0, 1, 16402, 1056, false, false, false);
+    run_rows_equal_lone(&mut r, TestWeights::Q(BlockFormat::Q8_0), 2, 8210, 1040, true, false, false);
+    run_rows_equal_lone(&mut r, TestWeights::Q(BlockFormat::Q4_0), 1, 16402, 1056, false, false, false);
 }
 
 #[test]
