@@ -313,6 +313,16 @@ pub struct GpuWhisper {
     steps_cache: DispatchCache,
 }
 
+/// The u32 words in each byte range of a mapped readback buffer, then unmapped.
+fn read_mapped(buf: &Buffer, ranges: &[std::ops::Range<usize>]) -> Result<Vec<Vec<u32>>> {
+    let words = {
+        let view = buf.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading results back: {e}")))?;
+        ranges.iter().map(|r| bytemuck::pod_collect_to_vec(&view[r.clone()])).collect()
+    };
+    buf.unmap();
+    Ok(words)
+}
+
 fn ln(n: &Norm) -> NormArgs<'_> {
     NormArgs { gamma: &n.gamma, beta: &n.beta, eps: LN_EPS }
 }
@@ -642,12 +652,7 @@ impl GpuWhisper {
 
     /// The first `rows` x 8 words of the mapped readback, then unmapped.
     fn read_scores(&self, rows: usize) -> Result<Vec<u32>> {
-        let words: Vec<u32> = {
-            let view = self.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading scores back: {e}")))?;
-            bytemuck::pod_collect_to_vec(&view[..rows * 32])
-        };
-        self.readback.unmap();
-        Ok(words)
+        Ok(read_mapped(&self.readback, &[0..rows * 32])?.remove(0))
     }
 
     /// Speculative decoding's verify pass (see `LogitSource::verify`).
@@ -721,12 +726,9 @@ impl GpuWhisper {
         self.host_times.0 += (t_wait - t_record).as_secs_f64();
         self.host_times.1 += t_wait.elapsed().as_secs_f64();
         self.host_times.2 += k as u64;
-        let (words, picks): (Vec<u32>, Vec<u32>) = {
-            let view = self.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading scores back: {e}")))?;
-            let base = 32 * SCORE_ROWS;
-            (bytemuck::pod_collect_to_vec(&view[..k * 32]), bytemuck::pod_collect_to_vec(&view[base..base + 4 * k]))
-        };
-        self.readback.unmap();
+        let base = 32 * SCORE_ROWS;
+        let mut parts = read_mapped(&self.readback, &[0..k * 32, base..base + 4 * k])?;
+        let (picks, words) = (parts.pop().unwrap_or_default(), parts.pop().unwrap_or_default());
         self.kv_len += k;
         Ok((picks, words.chunks(8).map(scores_from_words).collect()))
     }
@@ -997,11 +999,7 @@ impl GpuWhisper {
         rec.copy(&dr.tokens, end as u64 * 4, &dr.readback, 0, k as u64 * 4);
         rec.submit(Some(&mut self.profile))?;
         g.map_and_wait(&dr.readback)?;
-        let drafted: Vec<u32> = {
-            let view = dr.readback.get_mapped_range(..).map_err(|e| Error::Gpu(format!("reading the draft back: {e}")))?;
-            bytemuck::pod_collect_to_vec(&view[..k * 4])
-        };
-        dr.readback.unmap();
+        let drafted = read_mapped(&dr.readback, &[0..k * 4])?.remove(0);
         dr.fed = context.to_vec();
         dr.fed.extend_from_slice(&drafted[..k - 1]);
         if let Some(&bad) = drafted.iter().find(|&&t| t >= vocab) {
