@@ -139,7 +139,7 @@ impl VerbatimApp {
         let (gpu, adapter, adapters) = match &cc.wgpu_render_state {
             Some(rs) => {
                 let info = rs.adapter.get_info();
-                let gpu = engine::gpu::Gpu::borrow(rs.device.clone(), rs.queue.clone(), &info, true);
+                let gpu = engine::gpu::Gpu::borrow(rs.device.clone(), rs.queue.clone(), &rs.adapter, true);
                 let names = rs.available_adapters.iter().map(|a| a.get_info().name).collect();
                 (Ok(Arc::new(gpu)), format!("{} ({:?})", info.name, info.backend), names)
             }

@@ -61,6 +61,7 @@ const COPY: &str = include_str!("kernel_lab/copy.wgsl");
 const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
 const CHAIN_VARIANTS: &str = include_str!("kernel_lab/chain_variants.wgsl");
 const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
+const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/coop.wgsl"));
 
 // ---------------------------------------------------------------------------------------
 // Command line
@@ -72,6 +73,7 @@ struct Args {
     n: u32,
     k: u32,
     chain: u32,
+    coop_only: bool,
 }
 
 const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps R] [--n N] [--k K] [--chain N]
@@ -80,10 +82,12 @@ const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps
   --batches B  timed batches per measurement, after one warm-up batch (default 5)
   --reps R     dispatches per batch (default 20; 8 with --small)
   --n N --k K  GEMV output columns and reduction length (N a multiple of 8)
-  --chain N    dispatches in the dispatch-cost chains (default 256)";
+  --chain N    dispatches in the dispatch-cost chains (default 256)
+  --coop-only  only the cooperative-matrix section (MMA ceilings, encoder GEMM variants)";
 
 fn parse_args() -> Result<Args, String> {
     let mut small = false;
+    let mut coop_only = false;
     let (mut mib, mut n, mut k) = (None, None, None);
     let (mut batches, mut reps, mut chain) = (5u32, None, 256u32);
     let mut it = std::env::args().skip(1);
@@ -94,6 +98,7 @@ fn parse_args() -> Result<Args, String> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--small" => small = true,
+            "--coop-only" => coop_only = true,
             "--mib" => mib = Some(value::<u64>(&mut it, "--mib")?),
             "--batches" => batches = value(&mut it, "--batches")?,
             "--reps" => reps = Some(value::<u32>(&mut it, "--reps")?),
@@ -115,6 +120,7 @@ fn parse_args() -> Result<Args, String> {
         n: n.unwrap_or(if small { 2048 } else { 16384 }),
         k: k.unwrap_or(if small { 1024 } else { 4096 }),
         chain,
+        coop_only,
     };
     if args.batches == 0 || args.reps == 0 || args.chain == 0 || args.copy_mib == 0 {
         return Err("--batches, --reps, --chain and --mib must be at least 1".into());
@@ -212,7 +218,13 @@ impl Lab<'_> {
 
     /// `time` with dispatch i running `kernels[i % len]` with `binds[i % len]` (a chain
     /// that alternates pipelines).
-    fn time_mixed(&self, kernels: &[&Kernel], binds: &[wgpu::BindGroup], grid: [u32; 2], per_batch: u32) -> LabResult<Timing> {
+    fn time_mixed(
+        &self,
+        kernels: &[&Kernel],
+        binds: &[wgpu::BindGroup],
+        grid: [u32; 2],
+        per_batch: u32,
+    ) -> LabResult<Timing> {
         let k = kernels[0];
         let dev = &self.gpu.device;
         let total = self.batches + 1;
@@ -746,7 +758,11 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
     let y = gpu.buffer("lab chain passes", 256)?;
     let bind = lab.bind(&k, &params, &[&y]);
     let qs = lab.timestamps.then(|| {
-        dev.create_query_set(&wgpu::QuerySetDescriptor { label: Some("lab pass chain"), ty: wgpu::QueryType::Timestamp, count: 2 * n })
+        dev.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("lab pass chain"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2 * n,
+        })
     });
     for (name, change, passes) in [
         ("chain.one_pass.wall", format!("{n} dependent dispatches, one pass (wall, per dispatch)"), false),
@@ -811,6 +827,167 @@ fn submit_rows(lab: &Lab, reps: u32) -> LabResult<Vec<Row>> {
     empty.dep = Some(lab.time_round_trips(reps, || dev.create_command_encoder(&Default::default()).finish())?);
     empty.check = "-".into();
     Ok(vec![tiny, empty])
+}
+
+// ---------------------------------------------------------------------------------------
+// Cooperative matrices
+
+/// gemm.wgsl in a module that declares cooperative matrices (see its row).
+fn vkmm_gemm() -> LabResult<String> {
+    let src = format!("enable f16;\nenable wgpu_cooperative_matrix;\n{}", engine::kernels::GEMM_SOURCE);
+    Ok(engine::kernels::rewrite_source(
+        "gemm_f16.vkmm",
+        &src,
+        &[
+            ("var<workgroup> xs: ", "var<workgroup> vkmm_probe: array<f32, 256>;\nvar<workgroup> xs: "),
+            (
+                "    store_row(row + 3u, col, c3);\n}",
+                "    store_row(row + 3u, col, c3);\n    if (p.flags == 0xffffffffu) {\n        coopStoreT(coop_mat16x16<f32, C>(), &vkmm_probe[0], 16u);\n    }\n}",
+            ),
+        ],
+    )?)
+}
+
+/// TFLOP/s of a row whose time is known, for its check column.
+fn tflops(flops: f64, t: Timing) -> String {
+    format!("{:.1} TFLOP/s", flops / t.best / 1e12)
+}
+
+/// The tensor cores' ceilings (kernel_lab/coop.wgsl), then the shipped encoder GEMM
+/// (gemm_coop.wgsl) on tiny.en's two MLP shapes beside the CUDA-core GEMM, and rewrites of
+/// it that each remove one part (the lo products, all products, the global loads), so its
+/// time can be split between memory, staging and multiply-adds.
+fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let mut rows = Vec::new();
+    let groups = 1056u32; // 8 per H200 multiprocessor
+    let rounds = 1024u32;
+    let out = gpu.buffer("lab coop out", groups as u64 * 4 * 1024 * 4)?;
+    let params = lab.uniform(&[rounds, 0, 0, 0]);
+    for (entry, name, change) in [
+        ("main_regs", "coop.mma", "4 independent MMAs per round, operands in registers"),
+        ("main_shared", "coop.load+mma", "2 A + 2 B loads from workgroup memory, 4 MMAs"),
+    ] {
+        eprintln!("  {name}");
+        let k = gpu.kernel_entry(static_name(name), COOP, entry, &[Access::ReadWrite])?;
+        let bind = lab.bind(&k, &params, &[&out]);
+        let mut row = Row::new(Section::Probe, name, change);
+        let t = lab.time(&k, &[bind], [groups, 1], 5)?;
+        row.dep = Some(t);
+        row.check = tflops(groups as f64 * 4.0 * rounds as f64 * 4.0 * 8192.0, t);
+        rows.push(row);
+    }
+
+    // The encoder GEMM, as shipped and with parts removed.
+    let lo_loads = [
+        "            let l0 = coopLoadT<coop_mat16x16<f16, A>>(&xs_lo[sr * XS_STRIDE + kk], XS_STRIDE);\n",
+        "            let l1 = coopLoadT<coop_mat16x16<f16, A>>(&xs_lo[(sr + 16u) * XS_STRIDE + kk], XS_STRIDE);\n",
+    ];
+    let lo_mma = [
+        "            d00 = coopMultiplyAdd(l0, b0, d00);\n",
+        "            d01 = coopMultiplyAdd(l0, b1, d01);\n",
+        "            d10 = coopMultiplyAdd(l1, b0, d10);\n",
+        "            d11 = coopMultiplyAdd(l1, b1, d11);\n",
+    ];
+    let hi_mma = [
+        "            c00 = coopMultiplyAdd(a0, b0, c00);\n",
+        "            c01 = coopMultiplyAdd(a0, b1, c01);\n",
+        "            c10 = coopMultiplyAdd(a1, b0, c10);\n",
+        "            c11 = coopMultiplyAdd(a1, b1, c11);\n",
+    ];
+    let cut = |lines: &[&'static str]| lines.iter().map(|l| (*l, "")).collect::<Vec<_>>();
+    let no_lo: Vec<_> = cut(&lo_loads).into_iter().chain(cut(&lo_mma)).collect();
+    let no_mma: Vec<_> = no_lo.iter().copied().chain(cut(&hi_mma)).collect();
+    let no_fetch = vec![("if (k1 < p.k) {", "if (k1 < 0u) {")];
+    let src = engine::kernels::GEMM_COOP_SOURCE;
+    // (name, change, source, rows per workgroup)
+    let variants: Vec<(&str, &str, String, u32)> = vec![
+        ("gemm_f16", "CUDA cores (gemm.wgsl), the reference", engine::kernels::GEMM_SOURCE.to_string(), 64),
+        ("gemm_coop", "as shipped: hi and lo products", src.to_string(), 64),
+        (
+            "gemm_coop.no_lo",
+            "without the lo loads and products",
+            engine::kernels::rewrite_source("no_lo", src, &no_lo)?,
+            64,
+        ),
+        (
+            "gemm_coop.no_mma",
+            "staging + hi loads only, no products",
+            engine::kernels::rewrite_source("no_mma", src, &no_mma)?,
+            64,
+        ),
+        (
+            "gemm_coop.no_fetch",
+            "only the first K slice read from memory",
+            engine::kernels::rewrite_source("no_fetch", src, &no_fetch)?,
+            64,
+        ),
+        // Is the memory model the cost? naga declares the Vulkan memory model for any
+        // module with cooperative matrices; this is the CUDA-core GEMM in such a module (a
+        // cooperative store no dispatch takes: flags are never all ones).
+        ("gemm_f16.vkmm", "CUDA-core GEMM under the Vulkan memory model", vkmm_gemm()?, 64),
+    ];
+    let mut seed = 0x5eedu64;
+    for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536)] {
+        let x: Vec<f32> = (0..m as usize * kk as usize).map(|_| unit(&mut seed) * 2.0 - 1.0).collect();
+        let w: Vec<u16> =
+            (0..n as usize * kk as usize).map(|_| half::f16::from_f32(unit(&mut seed) - 0.5).to_bits()).collect();
+        let bias: Vec<f32> = (0..n).map(|_| unit(&mut seed)).collect();
+        let xb = gpu.upload_f32("lab gemm x", &x)?;
+        let wb = gpu.upload("lab gemm w", bytemuck::cast_slice(&w))?;
+        let bb = gpu.upload_f32("lab gemm b", &bias)?;
+        let yb = gpu.buffer("lab gemm y", m as u64 * n as u64 * 4)?;
+        // m n k flags(bias) x_off x_stride y_off y_stride conv*4
+        let params = lab.uniform(&[m, n, kk, 1, 0, kk, 0, n, 0, 0, 0, 0]);
+        let flops = 2.0 * m as f64 * n as f64 * kk as f64;
+        let mut reference: Option<Vec<f32>> = None;
+        for (name, change, vsrc, cm) in &variants {
+            let label = format!("{name} {m}x{n}x{kk}");
+            eprintln!("  {label}");
+            let k = match gpu.kernel(
+                static_name(&label),
+                vsrc,
+                &[Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+            ) {
+                Ok(k) => k,
+                Err(e) => {
+                    let mut row = Row::new(Section::Probe, &label, change);
+                    row.check = format!("does not build: {e}");
+                    rows.push(row);
+                    continue;
+                }
+            };
+            let bind = lab.bind(&k, &params, &[&xb, &wb, &bb, &yb]);
+            let grid = [n.div_ceil(64), m.div_ceil(*cm)];
+            gpu.fill_u32(&yb, 0x7fc0_0000);
+            lab.run_once(&k, &bind, grid)?;
+            let got = gpu.read_f32(&yb, 0, (m * n) as usize)?;
+            let check = match (&reference, *name) {
+                (None, _) => "reference".to_string(),
+                (Some(r), _) if !name.contains(".no_") => {
+                    let num: f64 = got.iter().zip(r).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+                    let den: f64 = r.iter().map(|b| (*b as f64).powi(2)).sum();
+                    let e = (num / den).sqrt();
+                    if e.is_nan() || e > 1e-5 {
+                        format!("WRONG rel err {e:.1e}")
+                    } else {
+                        format!("ok ({e:.0e})")
+                    }
+                }
+                _ => "timing only".to_string(),
+            };
+            if reference.is_none() {
+                reference = Some(got);
+            }
+            let mut row = Row::new(Section::Probe, &label, change);
+            let t = lab.time(&k, &[bind], grid, 5)?;
+            row.dep = Some(t);
+            row.check = format!("{check}, {}", tflops(flops, t));
+            eprintln!("    {:.1} µs, {}", t.best * 1e6, row.check);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -936,7 +1113,11 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
             &[Access::Read, Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         )
     } else {
-        gpu.kernel(static_name(&format!("lab.{}", v.name)), &v.src, &[Access::Read, Access::Read, Access::Read, Access::ReadWrite])
+        gpu.kernel(
+            static_name(&format!("lab.{}", v.name)),
+            &v.src,
+            &[Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+        )
     };
     let kernel: Arc<Kernel> = match compiled {
         Ok(kernel) => kernel,
@@ -1007,19 +1188,31 @@ fn gemv_q_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
         let entry = if format == BlockFormat::Q8_0 { "main_q8" } else { "main_q4" };
         for (shape, cq, edits) in [
             ("16x16", 16u32, vec![]),
-            ("64x4 (wide)", 64, vec![("const CQ: u32 = 16u;", "const CQ: u32 = 64u;"), ("const KQ: u32 = 16u;", "const KQ: u32 = 4u;")]),
+            (
+                "64x4 (wide)",
+                64,
+                vec![("const CQ: u32 = 16u;", "const CQ: u32 = 64u;"), ("const KQ: u32 = 16u;", "const KQ: u32 = 4u;")],
+            ),
         ] {
             let name = format!("gemv_{}.{}", format.name(), if cq == 16 { "cq16" } else { "cq64" });
-            let mut row = Row::new(Section::Gemv, &name, &format!("kernels/gemv_q.wgsl {entry}, {shape} columns x slices"));
+            let mut row =
+                Row::new(Section::Gemv, &name, &format!("kernels/gemv_q.wgsl {entry}, {shape} columns x slices"));
             row.bytes = Some(q.bytes() + k as u64 * 4 + n as u64 * 4);
             let src = engine::kernels::rewrite_source(&name, engine::kernels::GEMV_Q_SOURCE, &edits)?;
             assert!(src.contains(&format!("const CQ: u32 = {cq}u;")), "{name}: host geometry and kernel disagree");
             eprintln!("  {name}");
             let r = Access::Read;
-            let kernel = gpu.kernel_entry(static_name(&format!("lab.{name}")), &src, entry, &[r, r, r, r, r, r, Access::ReadWrite])?;
+            let kernel = gpu.kernel_entry(
+                static_name(&format!("lab.{name}")),
+                &src,
+                entry,
+                &[r, r, r, r, r, r, Access::ReadWrite],
+            )?;
             let g = grid(n.div_ceil(cq) as u64);
-            let binds: Vec<wgpu::BindGroup> =
-                ys.iter().map(|y| lab.bind(&kernel, &params, &[&xb, &codes, &scales, &zero, &zero, &zero, y])).collect();
+            let binds: Vec<wgpu::BindGroup> = ys
+                .iter()
+                .map(|y| lab.bind(&kernel, &params, &[&xb, &codes, &scales, &zero, &zero, &zero, y]))
+                .collect();
             gpu.fill_u32(&ys[0], 0x7fc0_0000);
             lab.run_once(&kernel, &binds[0], g)?;
             let got = gpu.read_f32(&ys[0], 0, nu)?;
@@ -1178,6 +1371,17 @@ fn run(args: &Args) -> LabResult<()> {
     let mut rows = Vec::new();
     eprintln!("copy ceiling ({} MiB)", mib(copy_bytes));
     rows.extend(copy_rows(&lab, copy_bytes, args.reps)?);
+    if gpu.info.coop_matrix {
+        eprintln!("cooperative matrices");
+        rows.extend(coop_rows(&lab)?);
+    } else {
+        println!("coop: skipped (the engine does not use cooperative matrices on this device)");
+    }
+    if args.coop_only {
+        gpu.check()?;
+        print_table(&rows, &clock_note);
+        return Ok(());
+    }
 
     // Build every variant (and its read twin) before running any: a broken rewrite fails
     // here, before minutes of measuring.

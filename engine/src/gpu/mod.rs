@@ -60,6 +60,9 @@ pub struct GpuInfo {
     pub timestamps: bool,
     pub subgroups: bool,
     pub shader_f16: bool,
+    /// Cooperative matrices usable by the engine's tensor-core kernels (gemm_coop.wgsl):
+    /// see `coop_matrix_usable`.
+    pub coop_matrix: bool,
     pub max_storage_binding: u64,
 }
 
@@ -86,11 +89,39 @@ pub struct Gpu {
     profiling_paused: std::sync::atomic::AtomicBool,
 }
 
-fn features_wanted() -> wgpu::Features {
-    wgpu::Features::SHADER_F16
+fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
+    let mut f = wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP
         | wgpu::Features::TIMESTAMP_QUERY
-        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    if coop_matrix_usable(adapter) {
+        f |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
+    f
+}
+
+/// Whether the engine's cooperative-matrix kernels can run on this adapter: wgpu's
+/// experimental feature offered, the 16x16x16 f16 x f16 -> f32 shape among its
+/// configurations, f16 and subgroups, and subgroups always 32 wide (the kernels give each
+/// of a workgroup's 4 subgroups a fixed quarter of the tile). `VERBATIM_NO_COOP=1` turns
+/// them off (the experimental path can be compared against the portable one, or avoided
+/// if a driver misbehaves).
+pub fn coop_matrix_usable(adapter: &wgpu::Adapter) -> bool {
+    if std::env::var("VERBATIM_NO_COOP").is_ok_and(|v| !v.is_empty() && v != "0") {
+        return false;
+    }
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+    let info = adapter.get_info();
+    adapter.features().contains(needed)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.cooperative_matrix_properties().iter().any(|c| {
+            c.m_size == 16
+                && c.n_size == 16
+                && c.k_size == 16
+                && c.ab_type == wgpu::CooperativeScalarType::F16
+                && c.cr_type == wgpu::CooperativeScalarType::F32
+        })
 }
 
 /// Pick the adapter: the one whose name contains `wanted` (case-insensitive) when given,
@@ -136,9 +167,16 @@ pub fn choose_adapter(mut adapters: Vec<wgpu::Adapter>, wanted: Option<&str>) ->
 pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
     wgpu::DeviceDescriptor {
         label: Some("verbatim"),
-        required_features: adapter.features() & features_wanted(),
+        required_features: adapter.features() & features_wanted(adapter),
         required_limits: adapter.limits(),
-        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+        // SAFETY: the only experimental feature asked for is cooperative matrices, and only
+        // where `coop_matrix_usable` checked the shape the kernels use; wgpu's warning is
+        // that experimental paths may still have bugs (VERBATIM_NO_COOP=1 avoids them).
+        experimental_features: if coop_matrix_usable(adapter) {
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        },
         memory_hints: wgpu::MemoryHints::Performance,
         trace: wgpu::Trace::Off,
     }
@@ -156,16 +194,17 @@ impl Gpu {
         let adapter = choose_adapter(adapters, wanted.as_deref())?;
         let (device, queue) = pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
             .map_err(|e| Error::NoAdapter(format!("{} refused a device: {e}", adapter.get_info().name)))?;
-        Ok(Gpu::from_parts(device, queue, &adapter.get_info(), opts.profile))
+        Ok(Gpu::from_parts(device, queue, &adapter, opts.profile))
     }
 
     /// Use a device someone else created (the window's, from eframe's render state).
     /// Features the device lacks are simply not used.
-    pub fn borrow(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::AdapterInfo, profile: bool) -> Gpu {
+    pub fn borrow(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::Adapter, profile: bool) -> Gpu {
         Gpu::from_parts(device, queue, adapter, profile)
     }
 
-    fn from_parts(device: wgpu::Device, queue: wgpu::Queue, ai: &wgpu::AdapterInfo, profile: bool) -> Gpu {
+    fn from_parts(device: wgpu::Device, queue: wgpu::Queue, adapter: &wgpu::Adapter, profile: bool) -> Gpu {
+        let ai = &adapter.get_info();
         let faults = Arc::new(Mutex::new(Faults::default()));
         {
             let f = faults.clone();
@@ -191,6 +230,7 @@ impl Gpu {
             timestamps: feats.contains(wgpu::Features::TIMESTAMP_QUERY),
             subgroups: feats.contains(wgpu::Features::SUBGROUP),
             shader_f16: feats.contains(wgpu::Features::SHADER_F16),
+            coop_matrix: feats.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) && coop_matrix_usable(adapter),
             max_storage_binding: device.limits().max_storage_buffer_binding_size as u64,
         };
         let profiling = profile && info.timestamps;

@@ -85,6 +85,16 @@ pub const ATTENTION_SPLIT_KEYS: u32 = 256;
 /// Capacity of the split attention's partials; larger problems use the chunked kernel.
 const ATTENTION_PARTIALS_FLOATS: u64 = 1 << 20;
 
+/// The encoder GEMM on CUDA cores (any device) and its cooperative-matrix twin. The
+/// directives of the latter must open the module, before everything it shares.
+pub const GEMM_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("gemm_io.wgsl"), include_str!("gemm.wgsl"));
+pub const GEMM_COOP_SOURCE: &str = concat!(
+    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+    include_str!("gelu.wgsl"),
+    include_str!("gemm_io.wgsl"),
+    include_str!("gemm_coop.wgsl")
+);
+
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
 const GEMM_FLAG_ACCUMULATE: u32 = 4;
@@ -354,6 +364,9 @@ pub struct Kernels {
     /// The same GEMM source compiled under its own name, so the profile tells the
     /// convolutions (im2col reads) from the linear layers.
     conv: Arc<Kernel>,
+    /// Both again on cooperative matrices (gemm_coop.wgsl), where the device has them.
+    gemm_coop: Option<Arc<Kernel>>,
+    conv_coop: Option<Arc<Kernel>>,
     gemv: Arc<Kernel>,
     /// The GEMV for one row (a decode step), named registers instead of a row array.
     gemv_m1: Arc<Kernel>,
@@ -386,8 +399,16 @@ impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
         Ok(Kernels {
-            gemm: gpu.kernel("gemm_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
-            conv: gpu.kernel("conv_k3_f16", concat!(include_str!("gelu.wgsl"), include_str!("gemm.wgsl")), &[R, R, R, W])?,
+            gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
+            conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
+            gemm_coop: match gpu.info.coop_matrix {
+                true => Some(gpu.kernel("gemm_coop_f16", GEMM_COOP_SOURCE, &[R, R, R, W])?),
+                false => None,
+            },
+            conv_coop: match gpu.info.coop_matrix {
+                true => Some(gpu.kernel("conv_k3_coop_f16", GEMM_COOP_SOURCE, &[R, R, R, W])?),
+                false => None,
+            },
             gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
             gemv_m1_wide: gpu.kernel_entry("gemv_m1_wide_f16", &gemv_wide_source()?, "main_m1", &[R, R, R, R, R, W])?,
             gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
@@ -409,6 +430,19 @@ impl Kernels {
             select_partials: gpu.buffer("select partials", (SELECT_GROUPS * 9 + 1) * 4)?,
             zero: gpu.buffer("zero", 16)?,
         })
+    }
+
+    /// The same kernels without the cooperative-matrix GEMMs (tests compare both paths on a
+    /// device that has them; `VERBATIM_NO_COOP=1` does this for a whole run).
+    pub fn without_coop(mut self) -> Kernels {
+        self.gemm_coop = None;
+        self.conv_coop = None;
+        self
+    }
+
+    /// Whether the GEMMs run on cooperative matrices.
+    pub fn uses_coop(&self) -> bool {
+        self.gemm_coop.is_some()
     }
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · Wᵀ + b) for `m` rows of width w.k (contiguous in
@@ -572,7 +606,8 @@ impl Kernels {
         let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
         let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
-        rec.dispatch(&self.gemm, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
+        let kernel = self.gemm_coop.as_ref().unwrap_or(&self.gemm);
+        rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
     }
 
     /// Kernel-3, padding-1 convolution as a GEMM over an in-place im2col view:
@@ -613,7 +648,7 @@ impl Kernels {
         let (m64, n64, k64) = (t_out as u64, w.n as u64, w.k as u64);
         let cost = Cost { bytes: w.bytes() + (k64 / 3) * t_in as u64 * 4 + m64 * n64 * 4, flops: 2 * m64 * n64 * k64 };
         rec.dispatch(
-            &self.conv,
+            self.conv_coop.as_ref().unwrap_or(&self.conv),
             bytemuck::bytes_of(&params),
             &[input, &w.buf, bias, out],
             [w.n.div_ceil(64), t_out.div_ceil(64), 1],

@@ -37,9 +37,27 @@ fn epilogue_ref(want: &mut [f32], gelu: bool, accumulate: bool, y0: &[f32]) {
     }
 }
 
-fn run_linear(r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bool, accumulate: bool) {
+/// The kernels with the GEMMs on cooperative matrices (`coop`) or on CUDA cores; None
+/// (the test says it skipped) where the device has no cooperative matrices: lavapipe has
+/// none, so that path is tested on a GPU (bench/RESULTS.md records where).
+fn gemm_kernels(g: &Gpu, coop: bool, test: &str) -> Option<Kernels> {
+    let k = Kernels::load(g).unwrap();
+    match (coop, k.uses_coop()) {
+        (false, _) => Some(k.without_coop()),
+        (true, true) => Some(k),
+        (true, false) => {
+            eprintln!("{test}: SKIPPED the cooperative-matrix GEMM: {} has no usable cooperative matrices", g.info.name);
+            None
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_linear(r: &mut StdRng, coop: bool, m: usize, n: usize, k: usize, bias: bool, gelu: bool, accumulate: bool) {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let Some(kern) = gemm_kernels(g, coop, "linear") else {
+        return;
+    };
     let x = rand_vec(r, m * k, 1.0);
     let w = f16_round(&rand_vec(r, n * k, 0.5));
     let b = rand_vec(r, n, 0.5);
@@ -59,7 +77,14 @@ fn run_linear(r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bo
     let mut want = ops::linear(&x, m, k, &w, n, bias.then_some(&b[..]));
     epilogue_ref(&mut want, gelu, accumulate, &y0);
     let e = rel_err(&got, &want);
-    assert!(e < 1e-5, "linear m={m} n={n} k={k} bias={bias} gelu={gelu} acc={accumulate}: rel err {e}");
+    // On a failure, how far the result is from the same GEMM with x rounded to f16 (tells
+    // an f16-precision activation path from a wrong one).
+    let f16_x = || {
+        let mut w16 = ops::linear(&f16_round(&x), m, k, &w, n, bias.then_some(&b[..]));
+        epilogue_ref(&mut w16, gelu, accumulate, &y0);
+        rel_err(&got, &w16)
+    };
+    assert!(e < 1e-5, "linear coop={coop} m={m} n={n} k={k} bias={bias} gelu={gelu} acc={accumulate}: rel err {e} (against f16 x: {})", f16_x());
 }
 
 #[test]
@@ -67,13 +92,13 @@ fn linear_gemv_matches_reference() {
     let mut r = rng("linear_gemv");
     for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (3, 70, 17), (8, 66, 131), (2, 258, 384), (1, 2100, 7), (1, 4098, 1025)] {
         // (the last is over 8 MiB: the wide M = 1 GEMV)
-        run_linear(&mut r, m, n, k, true, false, false);
+        run_linear(&mut r, false, m, n, k, true, false, false);
     }
-    run_linear(&mut r, 1, 78, 61, true, true, false);
-    run_linear(&mut r, 5, 34, 39, false, false, true);
+    run_linear(&mut r, false, 1, 78, 61, true, true, false);
+    run_linear(&mut r, false, 5, 34, 39, false, false, true);
     // One row: the epilogue's bias and residual are loaded ahead in main_m1.
-    run_linear(&mut r, 1, 34, 39, true, false, true);
-    run_linear(&mut r, 1, 40, 50, false, true, true);
+    run_linear(&mut r, false, 1, 34, 39, true, false, true);
+    run_linear(&mut r, false, 1, 40, 50, false, true, true);
 }
 
 fn run_linear_ln(r: &mut StdRng, m: usize, n: usize, k: usize, gelu: bool, accumulate: bool) {
@@ -210,17 +235,23 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
 #[test]
 fn linear_gemm_matches_reference() {
     let mut r = rng("linear_gemm");
-    for &(m, n, k) in &[(9, 6, 3), (67, 70, 45), (130, 130, 17), (65, 64, 96)] {
-        run_linear(&mut r, m, n, k, true, false, false);
+    for coop in [false, true] {
+        for &(m, n, k) in &[(9, 6, 3), (67, 70, 45), (130, 130, 17), (65, 64, 96)] {
+            run_linear(&mut r, coop, m, n, k, true, false, false);
+        }
+        run_linear(&mut r, coop, 71, 38, 49, true, true, false);
+        run_linear(&mut r, coop, 33, 66, 35, true, false, true);
+        run_linear(&mut r, coop, 17, 20, 23, false, true, true);
     }
-    run_linear(&mut r, 71, 38, 49, true, true, false);
-    run_linear(&mut r, 33, 66, 35, true, false, true);
-    run_linear(&mut r, 17, 20, 23, false, true, true);
+    // Several K slices and tiles on the tensor-core path (on lavapipe it skips).
+    run_linear(&mut r, true, 203, 134, 101, true, true, true);
 }
 
-fn run_conv(r: &mut StdRng, cin: usize, t_in: usize, cout: usize, stride: usize, time_major: bool) {
+fn run_conv(r: &mut StdRng, coop: bool, cin: usize, t_in: usize, cout: usize, stride: usize, time_major: bool) {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let Some(kern) = gemm_kernels(g, coop, "conv_k3") else {
+        return;
+    };
     let input = rand_vec(r, cin * t_in, 1.0); // channel-major [cin][t]
     let w = f16_round(&rand_vec(r, cout * cin * 3, 0.5));
     let b = rand_vec(r, cout, 0.5);
@@ -249,18 +280,20 @@ fn run_conv(r: &mut StdRng, cin: usize, t_in: usize, cout: usize, stride: usize,
     let got = g.read_f32(&ob, 0, t_out * cout).unwrap();
     let want = ops::conv1d_k3(&input, cin, t_in, &w, &b, cout, stride, true);
     let e = rel_err(&got, &want);
-    assert!(e < 1e-5, "conv cin={cin} t={t_in} cout={cout} stride={stride} time_major={time_major}: rel err {e}");
+    assert!(e < 1e-5, "conv coop={coop} cin={cin} t={t_in} cout={cout} stride={stride} time_major={time_major}: rel err {e}");
 }
 
 #[test]
 fn conv_k3_matches_reference() {
     let mut r = rng("conv_k3");
     // cout must be even (f16 pairs are packed along the outputs); the rest is awkward.
-    run_conv(&mut r, 5, 23, 8, 1, false);
-    run_conv(&mut r, 13, 70, 66, 2, true);
-    run_conv(&mut r, 3, 2, 10, 2, false);
-    run_conv(&mut r, 11, 129, 18, 1, true);
-    run_conv(&mut r, 26, 75, 34, 2, false);
+    for coop in [false, true] {
+        run_conv(&mut r, coop, 5, 23, 8, 1, false);
+        run_conv(&mut r, coop, 13, 70, 66, 2, true);
+        run_conv(&mut r, coop, 3, 2, 10, 2, false);
+        run_conv(&mut r, coop, 11, 129, 18, 1, true);
+        run_conv(&mut r, coop, 26, 75, 34, 2, false);
+    }
 }
 
 #[test]
@@ -574,5 +607,20 @@ fn dispatch_cache_replays_with_new_parameters() {
             assert_eq!(got[160 + i], src[160 + round + i], "round {round} second copy at {i}");
         }
         assert!(got[rows * 8].is_nan(), "round {round}: copied more rows than asked");
+    }
+}
+
+/// The cooperative-matrix kernels cannot run on lavapipe, but their sources can still be parsed
+/// and validated here (with every capability allowed), so CI catches a WGSL mistake.
+#[test]
+fn coop_sources_are_valid_wgsl() {
+    use wgpu::naga;
+    // (and the kernel lab's probes of them)
+    let lab = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/coop.wgsl"));
+    for src in [GEMM_COOP_SOURCE, lab] {
+        let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
     }
 }
