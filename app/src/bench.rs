@@ -280,8 +280,9 @@ fn bench(args: &Args) -> Result<(), String> {
                 let mut next = text_token(4);
                 let t = Instant::now();
                 for _ in 0..calls {
-                    let (picks, _) = model.greedy_steps(next, k, &rules).map_err(err)?;
-                    next = *picks.last().expect("k picks");
+                    let step = engine::decode::Step { rules, check_ts_over_text: false };
+                    let out = model.greedy_steps(next, k, &step, None).map_err(err)?;
+                    next = *out.picks.last().expect("k picks");
                 }
                 if b > 0 {
                     let ms = t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64;

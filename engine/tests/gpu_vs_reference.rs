@@ -31,7 +31,7 @@ use std::time::Instant;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use engine::decode::{LogitSource, StepRules, StepScores};
+use engine::decode::{LogitSource, Step, StepRules, StepScores, TsState};
 use engine::gpu::{Gpu, GpuOptions};
 use engine::models::whisper::checkpoint::{write_synthetic, Checkpoint};
 use engine::models::whisper::ct2::{write_ct2, Ct2File, DType};
@@ -644,10 +644,24 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
     }
 }
 
+/// The host's greedy pick (decode::whisper::pick) from a step's scores.
+fn host_pick(sc: &StepScores, check_ts_over_text: bool, eot: u32) -> u32 {
+    let ts_ok = sc.ts_best != u32::MAX;
+    let text_ok = sc.text_best != u32::MAX;
+    if ts_ok && ((check_ts_over_text && sc.ts_lse > sc.text_max) || !text_ok || sc.ts_max > sc.text_max) {
+        sc.ts_best
+    } else if text_ok {
+        sc.text_best
+    } else {
+        eot
+    }
+}
+
 /// Several decode steps with one readback (the device picks each next token): the same
-/// scores, bit for bit, as one `advance` per step fed the same tokens, and the picks are
-/// what the host's pick makes of those scores without the timestamp check; positions
-/// rolled back afterwards are as if never fed.
+/// scores, bit for bit, as one `advance` per step fed the same tokens under the same masks,
+/// and the picks are what the host's pick makes of those scores; with timestamp rules the
+/// device derives each later step's masks from its own picks exactly as TsState does, and
+/// reports them. Positions rolled back afterwards are as if never fed.
 #[test]
 fn greedy_steps_equal_single_steps_bit_for_bit() {
     let tag = "greedy-steps";
@@ -658,35 +672,58 @@ fn greedy_steps_equal_single_steps_bit_for_bit() {
         let mel = random_mel(&geom.dims, &mut rng);
         let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
         let first = random_tokens(1, geom.dims.vocab, &mut rng)[0];
+        let (tb, vocab) = (geom.timestamp_begin, geom.dims.vocab as u32);
         let rules = rules_for(0, &geom, 0);
+        let text = tb / 2;
+        // Without timestamp rules (every step under `rules`), and with them from states
+        // after text, a lone timestamp, a closed pair, and one token (a first timestamp).
+        let cases: [(Step, Option<TsState>); 5] = [
+            (Step { rules, check_ts_over_text: false }, None),
+            (Step { rules, check_ts_over_text: true }, TsState::new(&[tb + 1, text], tb)),
+            (Step { rules, check_ts_over_text: true }, TsState::new(&[text, tb + 2], tb)),
+            (Step { rules, check_ts_over_text: false }, TsState::new(&[tb + 2, tb + 3], tb)),
+            (Step { rules, check_ts_over_text: true }, TsState::new(&[tb + 1], tb)),
+        ];
         let g = &mut p.gpu;
         let k = 7;
-        g.begin_window(&mel).unwrap();
-        g.advance(&prompt, &rules).unwrap();
-        let (picks, batched) = g.greedy_steps(first, k, &rules).unwrap();
-        assert_eq!((picks.len(), batched.len()), (k, k));
-        g.begin_window(&mel).unwrap();
-        g.advance(&prompt, &rules).unwrap();
-        let mut t = first;
-        for i in 0..k {
-            let sc = g.advance(&[t], &rules).unwrap();
-            assert_eq!(sc, batched[i], "step {i} of a batch differs from a single step");
-            let want = if sc.ts_best != u32::MAX && (sc.text_best == u32::MAX || sc.ts_max > sc.text_max) { sc.ts_best } else { sc.text_best };
-            assert_eq!(picks[i], want, "step {i}: the device's pick");
-            t = picks[i];
+        for (c, (step, ts)) in cases.iter().enumerate() {
+            g.begin_window(&mel).unwrap();
+            g.advance(&prompt, &rules).unwrap();
+            let out = g.greedy_steps(first, k, step, *ts).unwrap();
+            assert_eq!((out.picks.len(), out.scores.len(), out.steps.len()), (k, k, k));
+            g.begin_window(&mel).unwrap();
+            g.advance(&prompt, &rules).unwrap();
+            let (mut t, mut st, mut state) = (first, *step, *ts);
+            for i in 0..k {
+                if i > 0 {
+                    if let Some(s) = state {
+                        st = s.step(step.rules, tb, vocab);
+                    }
+                }
+                assert_eq!(out.steps[i], st, "case {c} step {i}: the masks the device used");
+                let sc = g.advance(&[t], &st.rules).unwrap();
+                assert_eq!(sc, out.scores[i], "case {c}: step {i} of a batch differs from a single step");
+                assert_eq!(out.picks[i], host_pick(&sc, st.check_ts_over_text, geom.eot), "case {c} step {i}: the device's pick");
+                t = out.picks[i];
+                state = state.map(|s| s.push(t, tb));
+            }
         }
+        let step = Step { rules, check_ts_over_text: false };
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules).unwrap();
+        let out = g.greedy_steps(first, k, &step, None).unwrap();
         // Roll three back and feed them again one at a time: the same scores.
         g.begin_window(&mel).unwrap();
         g.advance(&prompt, &rules).unwrap();
-        g.greedy_steps(first, k, &rules).unwrap();
+        g.greedy_steps(first, k, &step, None).unwrap();
         g.rollback(3).unwrap();
         for i in k - 3..k {
-            assert_eq!(g.advance(&[picks[i - 1]], &rules).unwrap(), batched[i], "after the rollback: step {i}");
+            assert_eq!(g.advance(&[out.picks[i - 1]], &rules).unwrap(), out.scores[i], "after the rollback: step {i}");
         }
-        assert!(g.greedy_steps(first, 0, &rules).is_err());
-        assert!(g.greedy_steps(first, geom.dims.text_ctx, &rules).is_err(), "past the context");
-        assert!(g.greedy_steps(geom.dims.vocab as u32, 2, &rules).is_err());
-        eprintln!("[{tag}] head_dim {}: {k} steps per readback = single steps", geom.dims.head_dim());
+        assert!(g.greedy_steps(first, 0, &step, None).is_err());
+        assert!(g.greedy_steps(first, geom.dims.text_ctx, &step, None).is_err(), "past the context");
+        assert!(g.greedy_steps(geom.dims.vocab as u32, 2, &step, None).is_err());
+        eprintln!("[{tag}] head_dim {}: {k} steps per readback = single steps, with and without timestamp rules", geom.dims.head_dim());
     }
 }
 

@@ -44,6 +44,76 @@ pub struct StepRules {
     pub probe: u32,
 }
 
+/// One step's masks, and whether the "timestamps beat text" rule is to be checked on the
+/// scores (it needs the masked scores, so it is the picker's half of the rule).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Step {
+    pub rules: StepRules,
+    pub check_ts_over_text: bool,
+}
+
+/// What Whisper's timestamp rules need to know of the tokens sampled so far in a window
+/// (for every step but the first): the last two of them and the lowest timestamp a segment
+/// may take after text. The decoding loop derives its masks through it, and the device
+/// keeps it across several greedy steps without a round trip (select.wgsl's `masks` and
+/// main_pick mirror [`TsState::step`] and [`TsState::push`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TsState {
+    pub last: u32,
+    /// With one token sampled, the last again (CTranslate2 and OpenAI count a missing
+    /// penultimate as a timestamp, so a first timestamp opens a pair).
+    pub penultimate: u32,
+    /// The last sampled timestamp + 1 (after text, timestamps strictly increase: a
+    /// segment has a nonzero length), or timestamp_begin when none was sampled.
+    pub ts_lo_after_text: u32,
+}
+
+impl TsState {
+    /// The state after `sampled`; None when nothing was sampled yet.
+    pub fn new(sampled: &[u32], ts_begin: u32) -> Option<TsState> {
+        let (&last, rest) = sampled.split_last()?;
+        let ts_lo_after_text = sampled.iter().rev().find(|&&t| t >= ts_begin).map_or(ts_begin, |&t| t + 1);
+        Some(TsState { last, penultimate: rest.last().copied().unwrap_or(last), ts_lo_after_text })
+    }
+
+    /// The state after one more sampled token.
+    pub fn push(self, token: u32, ts_begin: u32) -> TsState {
+        TsState {
+            last: token,
+            penultimate: self.last,
+            ts_lo_after_text: if token >= ts_begin { token + 1 } else { self.ts_lo_after_text },
+        }
+    }
+
+    /// The next step's masks: `base` (a later step's rules: extra ids, probe, ts_hi) with
+    /// the timestamp rules applied. A closed pair of timestamps is followed by text (or
+    /// eot); a lone timestamp after text by another timestamp (not earlier) or eot; text
+    /// by anything, timestamps from `ts_lo_after_text`.
+    pub fn step(&self, base: StepRules, ts_begin: u32, vocab: u32) -> Step {
+        let mut rules = StepRules { mask_text: false, mask_non_timestamps: false, ..base };
+        if self.last >= ts_begin {
+            if self.penultimate >= ts_begin {
+                rules.ts_lo = vocab;
+                return Step { rules, check_ts_over_text: false };
+            }
+            rules.mask_text = true;
+            rules.ts_lo = self.last;
+            return Step { rules, check_ts_over_text: true };
+        }
+        rules.ts_lo = self.ts_lo_after_text;
+        Step { rules, check_ts_over_text: true }
+    }
+}
+
+/// What [`LogitSource::greedy_steps`] returns: per step, the device's choice, the scores
+/// and the masks they were computed under.
+#[derive(Clone, Debug, Default)]
+pub struct GreedySteps {
+    pub picks: Vec<u32>,
+    pub scores: Vec<StepScores>,
+    pub steps: Vec<Step>,
+}
+
 /// What comes back from the GPU per step. "Masked" means after the static suppress list
 /// and the [`StepRules`]. A maximum over an empty set is -inf, its best id u32::MAX.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -92,13 +162,18 @@ pub trait LogitSource {
     fn max_steps(&self) -> usize {
         0
     }
-    /// `k` greedy decode steps with one readback (no host round trip between them): feed `first` at the next position, choose
-    /// the next token on the device from its scores under `rules` (the pick without the
-    /// "timestamps beat text" check), feed that, and so on. Returns the k choices and the
-    /// k positions' scores (as `advance` would give them, bit for bit); the k positions
-    /// stay in the state (roll back what the caller does not keep).
-    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
-        let _ = (first, k, rules);
+    /// `k` greedy decode steps with one readback (no host round trip between them): feed
+    /// `first` at the next position, choose the next token on the device from its scores
+    /// under `step` (the host's pick, "timestamps beat text" included where `step` checks
+    /// it), feed that, and so on. With `ts` (timestamp rules on: the state after the tokens
+    /// sampled so far, `first` the last of them) every later step's masks are derived on
+    /// the device from its own choices, as [`TsState::step`] on `step.rules`; without, all
+    /// k steps use `step`. Returns the k choices, the k positions' scores (as `advance`
+    /// would give them under the same masks, bit for bit) and the masks each position was
+    /// scored under, for the caller to compare with its own; the k positions stay in the
+    /// state (roll back what the caller does not keep).
+    fn greedy_steps(&mut self, first: u32, k: usize, step: &Step, ts: Option<TsState>) -> Result<GreedySteps> {
+        let _ = (first, k, step, ts);
         Err(crate::Error::Unsupported("this logit source has no multi-step path".into()))
     }
     /// A draft model's guess at up to `k` tokens following `context` (this window's prompt

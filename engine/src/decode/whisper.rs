@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::draft::{Drafter, Speculative};
 use super::tokenizer::WhisperTokenizer;
-use super::{LogitSource, SpecialTokens, StepRules, StepScores};
+use super::{LogitSource, SpecialTokens, Step, StepRules, StepScores, TsState};
 use crate::audio::mel::LogMel;
 use crate::{Error, Result};
 
@@ -268,14 +268,6 @@ struct Rules {
     max_initial_index: u32,
 }
 
-/// One step's masks, and whether the "timestamps beat text" rule is to be checked on the
-/// scores (it needs the masked scores, so it is the caller's half of the rule).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Step {
-    rules: StepRules,
-    check_ts_over_text: bool,
-}
-
 impl Rules {
     /// The masks of the step that follows `sampled` (the tokens sampled so far in this
     /// window, prompt excluded). Mirrors CTranslate2 4.8.5's SuppressTokensBegin and
@@ -318,42 +310,12 @@ impl Rules {
             };
         }
 
-        // <|notimestamps|> is never sampled once timestamps are on.
+        // <|notimestamps|> is never sampled once timestamps are on; the rest follows the
+        // last tokens (TsState: the same derivation the device makes for batched steps).
         rules.extra_suppress = [sp.no_timestamps, NONE];
-        let is_ts = |t: u32| t >= ts_begin;
-        let last = sampled[sampled.len() - 1];
-        if is_ts(last) {
-            // With one sampled token, CTranslate2 takes the penultimate to be the last
-            // (OpenAI: "len(seq) < 2" counts as a timestamp): a first timestamp opens a pair.
-            let penultimate = if sampled.len() >= 2 {
-                sampled[sampled.len() - 2]
-            } else {
-                last
-            };
-            if is_ts(penultimate) {
-                // A pair closed: the next token is text (or eot).
-                rules.ts_lo = sp.vocab;
-                return Step {
-                    rules,
-                    check_ts_over_text: false,
-                };
-            }
-            // A lone timestamp after text ends a segment: only another timestamp (the
-            // next segment's start, >= this one) or eot may follow.
-            rules.mask_text = true;
-            rules.ts_lo = last;
-            return Step {
-                rules,
-                check_ts_over_text: true,
-            };
-        }
-        // After text, timestamps strictly increase: a segment has a nonzero length.
-        if let Some(&last_ts) = sampled.iter().rev().find(|&&t| is_ts(t)) {
-            rules.ts_lo = last_ts + 1;
-        }
-        Step {
-            rules,
-            check_ts_over_text: true,
+        match TsState::new(sampled, ts_begin) {
+            Some(state) => state.step(rules, ts_begin, sp.vocab),
+            None => Step { rules, check_ts_over_text: true },
         }
     }
 }
@@ -478,11 +440,12 @@ pub fn decode_window(
     let mut ahead: std::collections::VecDeque<(u32, StepScores, Step)> = Default::default();
     let mut pass_drafted = 0;
     let mut pass_accepted = 0;
-    // Without timestamp rules the masks are the same at every step after the first, so
-    // several steps can go without a round trip with the choice made on the device
-    // (`greedy_steps`): its positions queue in `ahead` like verified drafts, each kept
-    // only if the host's own pick from its scores agrees.
-    let batch_steps = if !timestamps && opts.speculative == Speculative::Off { src.max_steps() } else { 0 };
+    // Several steps can go without a round trip with the choice made on the device
+    // (`greedy_steps`; with timestamp rules the device derives each step's masks from its
+    // own choices): its positions queue in `ahead` like verified drafts, each kept only if
+    // it was scored under the masks the host derives for it and the host's own pick from
+    // its scores agrees.
+    let batch_steps = if opts.speculative == Speculative::Off { src.max_steps() } else { 0 };
     // Batches start at 8 and double: the steps past the window's end-of-text are wasted
     // work (jfk's 23 tokens in batches of 16 wasted 9 steps and lost the gain).
     let mut batch = batch_steps.min(8);
@@ -529,22 +492,31 @@ pub fn decode_window(
         let k = batch.min(max_len - tokens.len());
         if k > 1 {
             batch = (batch * 2).min(batch_steps);
-            let (picks, out) = src.greedy_steps(token, k, &step.rules)?;
-            if picks.len() != k || out.len() != k {
-                return Err(Error::Invalid(format!("{k} steps with one readback returned {} choices and {} scores", picks.len(), out.len())));
+            let ts = if timestamps { TsState::new(&tokens, sp.timestamp_begin) } else { None };
+            let out = src.greedy_steps(token, k, &step, ts)?;
+            if out.picks.len() != k || out.scores.len() != k || out.steps.len() != k {
+                return Err(Error::Invalid(format!(
+                    "{k} steps with one readback returned {} choices, {} scores and {} masks",
+                    out.picks.len(),
+                    out.scores.len(),
+                    out.steps.len()
+                )));
             }
-            scores = out[0];
+            if out.steps[0] != step {
+                return Err(Error::Invalid("a batch of steps scored its first position under other masks".into()));
+            }
+            scores = out.scores[0];
             batched = true;
             let mut hyp = tokens.clone();
             for i in 1..k {
-                hyp.push(picks[i - 1]);
+                hyp.push(out.picks[i - 1]);
                 let st = rules.step(&hyp);
-                if st != step {
+                if st != out.steps[i] {
                     // Scores under other masks than this position's: not usable.
                     src.rollback(k - i)?;
                     break;
                 }
-                ahead.push_back((picks[i - 1], out[i], st));
+                ahead.push_back((out.picks[i - 1], out.scores[i], st));
             }
             continue;
         }
@@ -806,6 +778,7 @@ pub fn transcribe(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::GreedySteps;
 
     // tiny.en's vocabulary layout (the real one, so that the transcribe tests can decode text
     // with the real tokenizer): text [0, 50256), specials, timestamps [50363, 51864).
@@ -999,25 +972,33 @@ mod tests {
             self.steps_max
         }
 
-        fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+        fn greedy_steps(&mut self, first: u32, k: usize, step: &Step, ts: Option<TsState>) -> Result<GreedySteps> {
             assert!(k >= 1 && k <= self.steps_max);
             self.step_batches += 1;
-            let (mut picks, mut out) = (Vec::new(), Vec::new());
-            let mut t = first;
-            for _ in 0..k {
-                let s = self.advance(&[t], rules)?;
-                // The device's pick (select.wgsl main_pick).
-                t = if s.ts_best != NONE && (s.text_best == NONE || s.ts_max > s.text_max) { s.ts_best } else { s.text_best };
+            let sp = sp();
+            let mut out = GreedySteps::default();
+            let (mut t, mut st, mut state) = (first, *step, ts);
+            for j in 0..k {
+                if j > 0 {
+                    if let Some(s) = state {
+                        st = s.step(step.rules, sp.timestamp_begin, sp.vocab);
+                    }
+                }
+                let s = self.advance(&[t], &st.rules)?;
+                // The device's pick (select.wgsl main_pick): the host's.
+                t = pick(&s, st.check_ts_over_text, sp.vocab).map_or(sp.eot, |p| p.0);
                 if let Some(n) = self.corrupt_pick_at.as_mut() {
                     if *n == 0 {
                         t = 3; // an id the model never picks
                     }
                     *n = n.wrapping_sub(1);
                 }
-                picks.push(t);
-                out.push(s);
+                state = state.map(|s| s.push(t, sp.timestamp_begin));
+                out.picks.push(t);
+                out.scores.push(s);
+                out.steps.push(st);
             }
-            Ok((picks, out))
+            Ok(out)
         }
 
         fn rollback(&mut self, n: usize) -> Result<()> {
@@ -1159,12 +1140,47 @@ mod tests {
                 assert!(src.rolled_back > 0, "{what}: the wrong pick was kept");
             }
         }
-        // With timestamp rules the masks change with every timestamp: one step at a time.
-        let mut src = mock_with_suppress(repetitive);
-        src.steps_max = 8;
-        let ts = decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()).unwrap();
-        assert_eq!(src.step_batches, 0);
-        assert!(ts.tokens.len() > 10);
+        // With timestamp rules the masks follow every choice; the source derives them from
+        // its own picks (TsState, as the device does) and batches give the same output,
+        // with nothing rolled back unless a pick is wrong.
+        let plain = decode_window(&mut mock_with_suppress(repetitive), &[SOT], &sp(), BLANK, &opts()).unwrap();
+        assert!(plain.tokens.len() > 10);
+        assert!(plain.tokens.iter().filter(|&&t| t >= TS0).count() >= 4, "{:?}", plain.tokens);
+        for (k, corrupt) in [(3, None), (8, None), (16, None), (16, Some(6))] {
+            let mut src = mock_with_suppress(repetitive);
+            src.steps_max = k;
+            src.corrupt_pick_at = corrupt;
+            let r = decode_window(&mut src, &[SOT], &sp(), BLANK, &opts()).unwrap();
+            let what = format!("timestamps, {k} steps per readback, corrupt pick at {corrupt:?}");
+            assert_eq!(r.tokens, plain.tokens, "{what}");
+            assert_eq!(r.sum_logprob.to_bits(), plain.sum_logprob.to_bits(), "{what}");
+            assert_eq!(r.steps, plain.steps, "{what}");
+            assert!(src.step_batches > 0, "{what}");
+            assert_eq!(src.rolled_back > 0, corrupt.is_some(), "{what}: {} rolled back", src.rolled_back);
+        }
+    }
+
+    /// The timestamp state the device keeps across batched steps derives the same masks as
+    /// the decoding loop's rules, after any sequence of text and timestamps.
+    #[test]
+    fn ts_state_derives_the_rules_of_every_step() {
+        let rules = Rules { sp: sp(), timestamps: true, suppress_blank: true, blank: BLANK, max_initial_index: 50 };
+        let mut r = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200 {
+            let mut sampled = vec![TS0];
+            let mut state = TsState::new(&sampled, TS0).unwrap();
+            let base = rules.step(&sampled).rules;
+            for _ in 0..12 {
+                r ^= r << 13;
+                r ^= r >> 7;
+                r ^= r << 17;
+                let t = if r % 3 == 0 { 100 + (r % 7) as u32 } else { TS0 + (r % 40) as u32 };
+                sampled.push(t);
+                state = state.push(t, TS0);
+                assert_eq!(Some(state), TsState::new(&sampled, TS0), "{sampled:?}");
+                assert_eq!(state.step(base, TS0, VOCAB), rules.step(&sampled), "{sampled:?}");
+            }
+        }
     }
 
     #[test]

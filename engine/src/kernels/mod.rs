@@ -340,7 +340,20 @@ pub(crate) struct SelectParams {
     pub out_off: u32,
     /// `select_pick`: where in `ids` the choice goes.
     pub tok_out: u32,
+    /// Flags 8/16: word offset of the timestamp state (decode::TsState) in `ids`.
+    pub state_off: u32,
+    /// Flag 8: word offset in `out` of the masks the pick used (ts_lo, then bit 0 text
+    /// masked | bit 1 "timestamps beat text" checked).
+    pub rules_off: u32,
+    pub _pad: [u32; 2],
 }
+
+/// select.wgsl flags past the masks (1 text, 2 non-timestamps): the pick checks
+/// "timestamps beat text"; the masks come from the timestamp state in `ids`; the pick
+/// pushes its choice into that state.
+pub(crate) const SELECT_FLAG_TS_OVER_TEXT: u32 = 4;
+pub(crate) const SELECT_FLAG_RULES_FROM_STATE: u32 = 8;
+pub(crate) const SELECT_FLAG_TRACK_STATE: u32 = 16;
 
 /// Multi-head attention geometry and where Q, K, V and the output live.
 #[derive(Clone, Copy)]
@@ -425,7 +438,7 @@ impl Kernels {
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
-            select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W])?,
+            select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W, W])?,
             select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W, W])?,
             select_partials: gpu.buffer("select partials", (SELECT_GROUPS * 9 + 1) * 4)?,
             zero: gpu.buffer("zero", 16)?,
@@ -750,16 +763,18 @@ impl Kernels {
     pub(crate) fn select(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &SelectParams, out: &Buffer) -> Result<()> {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
         let p = bytemuck::bytes_of(params);
-        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials], [SELECT_GROUPS as u32, 1, 1], cost)?;
+        // (no timestamp state: `zero` is bound where main_partial would read it)
+        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, &self.zero], [SELECT_GROUPS as u32, 1, 1], cost)?;
         let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 32, flops: SELECT_GROUPS * 9 };
         rec.dispatch(&self.select, p, &[&self.select_partials, suppress, out], [1, 1, 1], merge)
     }
 
     /// [`Kernels::select`], and its choice written as a token id into `ids[params.tok_out]`:
-    /// the allowed timestamp when the best one's logit is above the best text token's,
-    /// else the text token (eot when nothing is allowed), i.e. the host's greedy pick
-    /// without the timestamp rules' "timestamps beat text" check. The next decode step's
-    /// embedding reads it there: several steps go without a round trip.
+    /// the host's greedy pick (with the "timestamps beat text" check where flag 4 or the
+    /// timestamp state says; eot when nothing is allowed). The next decode step's
+    /// embedding reads it there: several steps go without a round trip. With flags 8/16
+    /// the masks come from, and the choice goes into, the timestamp state in `ids` (see
+    /// select.wgsl).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn select_pick(
         &self,
@@ -772,7 +787,7 @@ impl Kernels {
     ) -> Result<()> {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
         let p = bytemuck::bytes_of(params);
-        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials], [SELECT_GROUPS as u32, 1, 1], cost)?;
+        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, ids], [SELECT_GROUPS as u32, 1, 1], cost)?;
         let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 36, flops: SELECT_GROUPS * 9 };
         rec.dispatch(&self.select_pick, p, &[&self.select_partials, suppress, out, ids], [1, 1, 1], merge)
     }
@@ -843,6 +858,9 @@ pub(crate) fn select_params(
         logit_off,
         out_off: 0,
         tok_out: 0,
+        state_off: 0,
+        rules_off: 0,
+        _pad: [0; 2],
     }
 }
 

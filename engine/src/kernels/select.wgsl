@@ -15,6 +15,16 @@
 // probe_logit] (floats as bits); an empty set gives best = 0xffffffff and max = lse = -inf.
 // `main_pick` is `main` that also writes its choice as a token id at ids[tok_out] (a
 // decode step's next input without a round trip; see Kernels::select_pick).
+//
+// Whisper's timestamp rules on the device, for several decode steps without a round trip
+// (flags 8 and 16, main_partial and main_pick only): ids[state_off..] holds the state of
+// decode::TsState (the last and the penultimate sampled token, the lowest timestamp a
+// segment may take after text); with flag 8 both kernels derive the step's masks from it
+// (`masks`, the mirror of TsState::step) instead of the parameters, and main_pick writes
+// the masks it used to out[rules_off..] (ts_lo; bit 0 text masked, bit 1 "timestamps beat
+// text" checked) for the host to compare with its own; with flag 16 main_pick pushes its
+// choice into the state (TsState::push). Flag 4: apply "timestamps beat text" (the
+// timestamps' log-sum-exp above the best text logit picks the best timestamp).
 // `out_off` lets a verify pass select several rows (one pair of dispatches per row) into
 // one buffer read back once.
 
@@ -22,13 +32,14 @@ struct Params {
     vocab: u32, ts_begin: u32, eot: u32, flags: u32,
     ts_lo: u32, ts_hi: u32, extra0: u32, extra1: u32,
     probe: u32, logit_off: u32, out_off: u32, tok_out: u32,
+    state_off: u32, rules_off: u32, _p0: u32, _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> suppress: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
-// main_pick only.
+// main_pick (the token and the timestamp state) and main_partial (the state, flag 8 only).
 @group(0) @binding(4) var<storage, read_write> ids: array<u32>;
 
 const WG: u32 = 256u;
@@ -75,6 +86,30 @@ fn merge(x: Acc, y: Acc) -> Acc {
     return r;
 }
 
+// One step's masks: from the parameters, or with flag 8 from the timestamp state.
+struct Masks { text: bool, non_ts: bool, ts_lo: u32, check: bool }
+
+fn masks() -> Masks {
+    var m = Masks((p.flags & 1u) != 0u, (p.flags & 2u) != 0u, p.ts_lo, (p.flags & 4u) != 0u);
+    if ((p.flags & 8u) != 0u) {
+        let last = ids[p.state_off];
+        let penultimate = ids[p.state_off + 1u];
+        m = Masks(false, false, ids[p.state_off + 2u], true);
+        if (last >= p.ts_begin) {
+            if (penultimate >= p.ts_begin) {
+                // A pair closed: text (or eot) next.
+                m.ts_lo = p.vocab;
+                m.check = false;
+            } else {
+                // A lone timestamp after text: another timestamp (>= it) or eot.
+                m.text = true;
+                m.ts_lo = last;
+            }
+        }
+    }
+    return m;
+}
+
 fn suppressed(id: u32) -> bool {
     if (id == p.extra0 || id == p.extra1) {
         return true;
@@ -113,6 +148,7 @@ fn main_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     var text = Acc(NEG, 0.0, NONE);
     var ts = Acc(NEG, 0.0, NONE);
     var raw = Acc(NEG, 0.0, NONE);
+    let mk = masks();
     for (var id = lo + lid; id < hi; id += WG) {
         let v = logits[p.logit_off + id];
         raw = push(raw, v, id);
@@ -120,11 +156,11 @@ fn main_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             continue;
         }
         if (id < p.ts_begin) {
-            let masked = ((p.flags & 2u) != 0u) || (((p.flags & 1u) != 0u) && id < p.eot);
+            let masked = mk.non_ts || (mk.text && id < p.eot);
             if (!masked) {
                 text = push(text, v, id);
             }
-        } else if (id >= p.ts_lo && id < p.ts_hi) {
+        } else if (id >= mk.ts_lo && id < p.ts_hi) {
             ts = push(ts, v, id);
         }
     }
@@ -191,22 +227,44 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
-// The choice greedy decoding makes without the timestamp rules' "timestamps beat text"
-// check (what the host's pick does when that check is off): the best allowed timestamp
-// when its logit is above the best text token's, else the text token; eot when nothing
-// is allowed. Ties go to text (every text id is below every timestamp).
+// The host's greedy pick (decode::whisper::pick) from the merged scores: with the
+// "timestamps beat text" check (flag 4, or as the state says), the best timestamp when
+// the timestamps' log-sum-exp is above the best text logit; otherwise the best allowed
+// timestamp when its logit is above the best text token's, else the text token; eot when
+// nothing is allowed. Ties go to text (every text id is below every timestamp). The
+// comparisons use the very f32 values written to `out`, as the host's do.
 @compute @workgroup_size(256)
 fn main_pick(@builtin(local_invocation_index) lid: u32) {
     merge_partials(lid);
     if (lid == 0u) {
+        let mk = masks();
         write_scores();
+        let text_ok = rs[0] != 0.0;
+        let ts_ok = rs[WG] != 0.0;
         var id = p.eot;
-        if (rs[0] != 0.0) {
+        if (text_ok) {
             id = ra[0];
         }
-        if (rs[WG] != 0.0 && (rs[0] == 0.0 || rm[WG] > rm[0])) {
+        if (ts_ok && (!text_ok || rm[WG] > rm[0])) {
             id = ra[WG];
         }
+        if (mk.check && ts_ok) {
+            let ts_lse = bitcast<f32>(out[p.out_off + 5u]);
+            if (!text_ok || ts_lse > rm[0]) {
+                id = ra[WG];
+            }
+        }
         ids[p.tok_out] = id;
+        if ((p.flags & 8u) != 0u) {
+            out[p.rules_off] = mk.ts_lo;
+            out[p.rules_off + 1u] = u32(mk.text) | (u32(mk.check) << 1u);
+        }
+        if ((p.flags & 16u) != 0u) {
+            ids[p.state_off + 1u] = ids[p.state_off];
+            ids[p.state_off] = id;
+            if (id >= p.ts_begin) {
+                ids[p.state_off + 2u] = id + 1u;
+            }
+        }
     }
 }

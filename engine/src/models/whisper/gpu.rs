@@ -32,11 +32,11 @@ use wgpu::Buffer;
 
 use super::checkpoint::Checkpoint;
 use super::Dims;
-use crate::decode::{LogitSource, StepRules, StepScores};
+use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
 use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, NormArgs, QMatrix,
-    Rows, SelectParams,
+    Rows, SelectParams, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
 };
 use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::{Error, Result};
@@ -53,7 +53,11 @@ pub const MAX_DRAFT: usize = MAX_VERIFY;
 /// Most decode steps per readback (`greedy_steps`).
 pub const MAX_STEPS: usize = 16;
 
-/// Rows of 8 score words the selection output holds (verify rows or greedy steps).
+/// Words of the timestamp state (decode::TsState, padded) after the fed tokens.
+const TS_STATE_WORDS: usize = 4;
+
+/// Rows of 8 score words the selection output holds (verify rows or greedy steps); after
+/// them, 2 words per greedy step: the masks its pick used (select.wgsl, flag 8).
 const SCORE_ROWS: usize = if MAX_STEPS > MAX_VERIFY { MAX_STEPS } else { MAX_VERIFY };
 
 /// The decoder's scratch and output buffers, borrowed field by field (so the dispatch
@@ -471,15 +475,17 @@ impl GpuWhisper {
             dec_q: g.buffer("decoder cross q", f32s(t * d))?,
             dec_attn: g.buffer("decoder attention", f32s(t * d))?,
             dec_h: g.buffer("decoder hidden", f32s(t * f))?,
-            tokens: g.buffer("tokens", ((t + 1) * 4) as u64)?,
+            // The fed tokens, then the timestamp state of batched steps (TS_STATE_WORDS at
+            // word t + 1, see `greedy_positions`).
+            tokens: g.buffer("tokens", ((t + 1 + TS_STATE_WORDS) * 4) as u64)?,
             // One row per verified position.
             logits: g.buffer("logits", f32s(dims.vocab * MAX_VERIFY))?,
             suppress: g.upload_u32("suppress", &suppress_bitmask(&[], dims.vocab as u32))?,
-            select_out: g.buffer("select out", 32 * SCORE_ROWS as u64)?,
-            // Scores, then (greedy steps) the chosen tokens.
+            select_out: g.buffer("select out", 40 * SCORE_ROWS as u64)?,
+            // Scores, then (greedy steps) the chosen tokens and the masks used.
             readback: g.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("select readback"),
-                size: 36 * SCORE_ROWS as u64,
+                size: 44 * SCORE_ROWS as u64,
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
@@ -685,14 +691,26 @@ impl GpuWhisper {
     }
 
     /// Several decode steps with one readback (see `LogitSource::greedy_steps`).
-    fn greedy_positions(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+    fn greedy_positions(&mut self, first: u32, k: usize, step: &Step, ts: Option<TsState>) -> Result<GreedySteps> {
         let pos0 = self.kv_len;
         let vocab = self.dims.vocab as u32;
         let t_record = std::time::Instant::now();
         self.pending = None;
         let g = self.gpu.clone();
         g.write(&self.tokens, 0, bytemuck::cast_slice(&[first]));
-        let base = select_params(rules, vocab, self.ts_begin, self.eot, 0);
+        // The timestamp state behind the tokens (select.wgsl reads and advances it).
+        let state_off = (self.dims.text_ctx + 1) as u32;
+        if let Some(st) = ts {
+            g.write(&self.tokens, 4 * state_off as u64, bytemuck::cast_slice(&[st.last, st.penultimate, st.ts_lo_after_text, 0]));
+        }
+        let mut base = select_params(&step.rules, vocab, self.ts_begin, self.eot, 0);
+        base.state_off = state_off;
+        let check = if step.check_ts_over_text { SELECT_FLAG_TS_OVER_TEXT } else { 0 };
+        let track = if ts.is_some() { SELECT_FLAG_TRACK_STATE } else { 0 };
+        // Step 0 under the host's masks; later steps under the state's (with timestamps).
+        let first_flags = base.flags | check | track;
+        let later_flags = if ts.is_some() { SELECT_FLAG_RULES_FROM_STATE | track } else { first_flags };
+        let rules_words = 8 * SCORE_ROWS as u32;
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let bufs = dec_bufs!(self);
         // Step i embeds tokens[i] (the host's first, then the GPU's picks) at pos0 + i. The
@@ -711,12 +729,21 @@ impl GpuWhisper {
             rec.stage("decode");
             for j in i..end {
                 Self::record_forward(&self.kern, &self.dims, &layers, logits_w, &bufs, &mut rec, 1, pos0 + j, j, false)?;
-                let sp = SelectParams { out_off: 8 * j as u32, tok_out: j as u32 + 1, ..base };
+                let sp = SelectParams {
+                    out_off: 8 * j as u32,
+                    tok_out: j as u32 + 1,
+                    flags: if j == 0 { first_flags } else { later_flags },
+                    rules_off: rules_words + 2 * j as u32,
+                    ..base
+                };
                 self.kern.select_pick(&mut rec, &self.logits, &self.suppress, &sp, &self.select_out, &self.tokens)?;
             }
             if end == k {
                 rec.copy(&self.select_out, 0, &self.readback, 0, 32 * k as u64);
                 rec.copy(&self.tokens, 4, &self.readback, 32 * SCORE_ROWS as u64, 4 * k as u64);
+                if ts.is_some() {
+                    rec.copy(&self.select_out, 4 * rules_words as u64, &self.readback, 36 * SCORE_ROWS as u64, 8 * k as u64);
+                }
             }
             rec.submit(Some(&mut self.profile))?;
             i = end;
@@ -726,11 +753,23 @@ impl GpuWhisper {
         self.host_times.0 += (t_wait - t_record).as_secs_f64();
         self.host_times.1 += t_wait.elapsed().as_secs_f64();
         self.host_times.2 += k as u64;
-        let base = 32 * SCORE_ROWS;
-        let mut parts = read_mapped(&self.readback, &[0..k * 32, base..base + 4 * k])?;
+        let (picks_at, rules_at) = (32 * SCORE_ROWS, 36 * SCORE_ROWS);
+        let rules_len = if ts.is_some() { 8 * k } else { 0 };
+        let mut parts = read_mapped(&self.readback, &[0..k * 32, picks_at..picks_at + 4 * k, rules_at..rules_at + rules_len])?;
+        let used = parts.pop().unwrap_or_default();
         let (picks, words) = (parts.pop().unwrap_or_default(), parts.pop().unwrap_or_default());
         self.kv_len += k;
-        Ok((picks, words.chunks(8).map(scores_from_words).collect()))
+        // The masks each position was scored under, as the device reports them.
+        let steps = (0..k)
+            .map(|j| match (j, used.get(2 * j..2 * j + 2)) {
+                (1.., Some(&[ts_lo, bits])) => Step {
+                    rules: StepRules { mask_text: bits & 1 != 0, mask_non_timestamps: false, ts_lo, ..step.rules },
+                    check_ts_over_text: bits & 2 != 0,
+                },
+                _ => *step,
+            })
+            .collect();
+        Ok(GreedySteps { picks, scores: words.chunks(8).map(scores_from_words).collect(), steps })
     }
 
     /// Record the decoder over `n` positions from `pos0` (tokens already in `tokens`), the
@@ -1052,7 +1091,7 @@ impl LogitSource for GpuWhisper {
         MAX_STEPS
     }
 
-    fn greedy_steps(&mut self, first: u32, k: usize, rules: &StepRules) -> Result<(Vec<u32>, Vec<StepScores>)> {
+    fn greedy_steps(&mut self, first: u32, k: usize, step: &Step, ts: Option<TsState>) -> Result<GreedySteps> {
         self.check_append("greedy_steps", &[first])?;
         if k == 0 || k > MAX_STEPS || self.kv_len + k > self.dims.text_ctx {
             return Err(Error::Invalid(format!(
@@ -1060,7 +1099,7 @@ impl LogitSource for GpuWhisper {
                 self.kv_len, self.dims.text_ctx
             )));
         }
-        self.greedy_positions(first, k, rules)
+        self.greedy_positions(first, k, step, ts)
     }
 
     fn draft(&mut self, context: &[u32], k: usize, timestamps: bool) -> Result<Vec<u32>> {
