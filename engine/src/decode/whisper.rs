@@ -1174,7 +1174,7 @@ mod tests {
                 r ^= r << 13;
                 r ^= r >> 7;
                 r ^= r << 17;
-                let t = if r % 3 == 0 { 100 + (r % 7) as u32 } else { TS0 + (r % 40) as u32 };
+                let t = if r.is_multiple_of(3) { 100 + (r % 7) as u32 } else { TS0 + (r % 40) as u32 };
                 sampled.push(t);
                 state = state.push(t, TS0);
                 assert_eq!(Some(state), TsState::new(&sampled, TS0), "{sampled:?}");
