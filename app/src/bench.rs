@@ -163,7 +163,13 @@ fn bench(args: &Args) -> Result<(), String> {
     let batches = args.batches.max(1);
     let gpu = Arc::new(Gpu::new(&GpuOptions { profile: true, ..Default::default() }).map_err(|e| e.to_string())?);
     gpu.pause_profiling(true);
-    println!("adapter: {} ({}, {})", gpu.info.name, gpu.info.backend, gpu.info.driver);
+    println!(
+        "adapter: {} ({}, {}); encoder GEMMs on {}",
+        gpu.info.name,
+        gpu.info.backend,
+        gpu.info.driver,
+        if gpu.info.coop_matrix { "cooperative matrices (tensor cores)" } else { "tiled shader arithmetic (no cooperative matrices, or VERBATIM_NO_COOP)" }
+    );
 
     // The model.
     let t = Instant::now();

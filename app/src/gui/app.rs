@@ -141,7 +141,8 @@ impl VerbatimApp {
                 let info = rs.adapter.get_info();
                 let gpu = engine::gpu::Gpu::borrow(rs.device.clone(), rs.queue.clone(), &rs.adapter, true);
                 let names = rs.available_adapters.iter().map(|a| a.get_info().name).collect();
-                (Ok(Arc::new(gpu)), format!("{} ({:?})", info.name, info.backend), names)
+                let cores = if gpu.info.coop_matrix { ", tensor cores" } else { "" };
+                (Ok(Arc::new(gpu)), format!("{} ({:?}{cores})", info.name, info.backend), names)
             }
             None => (Err("the window has no wgpu device (the engine needs the wgpu renderer)".to_string()), "no GPU".into(), vec![]),
         };
