@@ -1,4 +1,4 @@
-// Tiled GEMM with f16 weights on CUDA cores (every device; gemm_io.wgsl is prepended:
+// Tiled GEMM with f16 weights in plain shader arithmetic (every device; gemm_io.wgsl is prepended:
 // parameters, bindings, X reads, epilogue).
 //
 // W's k-major layout ([K][N] f16 pairs, read with unpack2x16float, so no SHADER_F16 feature

@@ -1,4 +1,4 @@
-// What both encoder GEMMs share (gemm.wgsl: CUDA-core tiles; gemm_coop.wgsl: cooperative
+// What both encoder GEMMs share (gemm.wgsl: shader-arithmetic tiles; gemm_coop.wgsl: cooperative
 // matrices): the parameters, the bindings, reading X (in place for a convolution) and the
 // epilogue of one output element.
 //

@@ -85,7 +85,7 @@ pub const ATTENTION_SPLIT_KEYS: u32 = 256;
 /// Capacity of the split attention's partials; larger problems use the chunked kernel.
 const ATTENTION_PARTIALS_FLOATS: u64 = 1 << 20;
 
-/// The encoder GEMM on CUDA cores (any device) and its cooperative-matrix twin. The
+/// The encoder GEMM in plain shader arithmetic (any device) and its cooperative-matrix twin. The
 /// directives of the latter must open the module, before everything it shares.
 pub const GEMM_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("gemm_io.wgsl"), include_str!("gemm.wgsl"));
 pub const GEMM_COOP_SOURCE: &str = concat!(

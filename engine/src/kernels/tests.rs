@@ -557,6 +557,74 @@ fn select_pick_writes_scores_and_the_choice() {
     }
 }
 
+/// The selection with the timestamp state (flags 8 and 16): the masks come from the state
+/// in `ids` as decode::TsState::step derives them (scores against the CPU under those
+/// masks), the pick applies "timestamps beat text" where they say so, the masks used are
+/// reported, and the choice is pushed into the state as TsState::push does.
+#[test]
+fn select_pick_with_timestamp_state_matches_reference() {
+    use crate::decode::TsState;
+    let mut r = rng("select_pick_state");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
+    let base = StepRules { mask_text: true, mask_non_timestamps: true, ts_lo: 0, ts_hi: vocab, extra_suppress: [601, u32::MAX], probe: 9 };
+    // After text, after a lone timestamp, after a closed pair, after one timestamp.
+    let states = [
+        TsState::new(&[ts_begin + 20, 300], ts_begin).unwrap(),
+        TsState::new(&[300, ts_begin + 40], ts_begin).unwrap(),
+        TsState::new(&[ts_begin + 40, ts_begin + 41], ts_begin).unwrap(),
+        TsState::new(&[ts_begin + 3], ts_begin).unwrap(),
+    ];
+    for (trial, st) in states.iter().enumerate() {
+        for boost in [None, Some(ts_begin + 60), Some(100)] {
+            let mut logits = rand_vec(&mut r, vocab as usize, 4.0);
+            if let Some(id) = boost {
+                logits[id as usize] = 12.0;
+            }
+            let suppress: Vec<u32> = (0..20).map(|_| r.random_range(0..vocab)).collect();
+            let lb = g.upload_f32("logits", &logits).unwrap();
+            let sb = g.upload_u32("suppress", &suppress_bitmask(&suppress, vocab)).unwrap();
+            // ids: [poison, the choice, state (3 words), poison]
+            let ids = poisoned(6);
+            g.write(&ids, 8, bytemuck::cast_slice(&[st.last, st.penultimate, st.ts_lo_after_text]));
+            let out = poisoned(12);
+            let params = SelectParams {
+                flags: SELECT_FLAG_RULES_FROM_STATE | SELECT_FLAG_TRACK_STATE,
+                tok_out: 1,
+                state_off: 2,
+                rules_off: 8,
+                ..select_params(&base, vocab, ts_begin, eot, 0)
+            };
+            let mut rec = g.recorder();
+            kern.select_pick(&mut rec, &lb, &sb, &params, &out, &ids).unwrap();
+            rec.submit(None).unwrap();
+            let what = format!("state {trial} ({st:?}), boost {boost:?}");
+            let step = st.step(base, ts_begin, vocab);
+            let words = g.read_u32(&out, 0, 12).unwrap();
+            let used_bits = step.rules.mask_text as u32 | (step.check_ts_over_text as u32) << 1;
+            assert_eq!([words[8], words[9]], [step.rules.ts_lo, used_bits], "{what}: the masks reported");
+            assert_eq!([words[10], words[11]], [NAN_BITS; 2], "{what}: wrote past the masks");
+            let s = ref_select::masked_scores(&logits, &suppress, &step.rules, ts_begin, eot);
+            let sc = scores_from_words(&words[..8]);
+            assert_eq!((sc.text_best, sc.ts_best), (s.text_best, s.ts_best), "{what}: scores");
+            let (text_ok, ts_ok) = (sc.text_best != u32::MAX, sc.ts_best != u32::MAX);
+            let want = if ts_ok && ((step.check_ts_over_text && sc.ts_lse > sc.text_max) || !text_ok || sc.ts_max > sc.text_max) {
+                sc.ts_best
+            } else if text_ok {
+                sc.text_best
+            } else {
+                eot
+            };
+            let got = g.read_u32(&ids, 0, 6).unwrap();
+            assert_eq!(got[1], want, "{what}: the choice");
+            let next = st.push(want, ts_begin);
+            assert_eq!(got[2..5], [next.last, next.penultimate, next.ts_lo_after_text], "{what}: the state after");
+            assert_eq!([got[0], got[5]], [NAN_BITS; 2], "{what}: wrote beside");
+        }
+    }
+}
+
 #[test]
 fn linear_q_matches_reference_and_rows_equal_lone_rows() {
     let mut r = rng("linear_q");
