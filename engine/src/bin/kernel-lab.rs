@@ -62,6 +62,9 @@ const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
 const CHAIN_VARIANTS: &str = include_str!("kernel_lab/chain_variants.wgsl");
 const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
 const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/coop.wgsl"));
+const SPLIT_F16: &str = include_str!("kernel_lab/split_f16.wgsl");
+const GEMM_DIRECT: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/gemm_direct.wgsl"));
+const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
 
 // ---------------------------------------------------------------------------------------
 // Command line
@@ -74,6 +77,8 @@ struct Args {
     k: u32,
     chain: u32,
     coop_only: bool,
+    direct_only: bool,
+    attention_only: bool,
 }
 
 const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps R] [--n N] [--k K] [--chain N]
@@ -83,11 +88,16 @@ const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps
   --reps R     dispatches per batch (default 20; 8 with --small)
   --n N --k K  GEMV output columns and reduction length (N a multiple of 8)
   --chain N    dispatches in the dispatch-cost chains (default 256)
-  --coop-only  only the cooperative-matrix section (MMA ceilings, encoder GEMM variants)";
+  --coop-only  only the cooperative-matrix section (MMA ceilings, encoder GEMM variants)
+  --direct-only  only the encoder's attention shapes (tiled, reshaped; cooperative-matrix) and the
+               cooperative-matrix GEMM fed straight from memory, with rewrites that take parts away
+  --attention-only  with --direct-only: the attention rows only";
 
 fn parse_args() -> Result<Args, String> {
     let mut small = false;
     let mut coop_only = false;
+    let mut direct_only = false;
+    let mut attention_only = false;
     let (mut mib, mut n, mut k) = (None, None, None);
     let (mut batches, mut reps, mut chain) = (5u32, None, 256u32);
     let mut it = std::env::args().skip(1);
@@ -99,6 +109,8 @@ fn parse_args() -> Result<Args, String> {
         match a.as_str() {
             "--small" => small = true,
             "--coop-only" => coop_only = true,
+            "--direct-only" => direct_only = true,
+            "--attention-only" => attention_only = true,
             "--mib" => mib = Some(value::<u64>(&mut it, "--mib")?),
             "--batches" => batches = value(&mut it, "--batches")?,
             "--reps" => reps = Some(value::<u32>(&mut it, "--reps")?),
@@ -121,6 +133,8 @@ fn parse_args() -> Result<Args, String> {
         k: k.unwrap_or(if small { 1024 } else { 4096 }),
         chain,
         coop_only,
+        direct_only,
+        attention_only,
     };
     if args.batches == 0 || args.reps == 0 || args.chain == 0 || args.copy_mib == 0 {
         return Err("--batches, --reps, --chain and --mib must be at least 1".into());
@@ -990,6 +1004,248 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
     Ok(rows)
 }
 
+/// attention.wgsl with its tiled kernel reshaped: `tq` queries x `splits` key splits per
+/// workgroup, chunks of `ch` keys (every derived constant rewritten with them).
+fn tiled_attention_variant(tq: u32, splits: u32, ch: u32) -> LabResult<String> {
+    let td4 = 16;
+    let (kv, merge) = (ch * td4, splits / 2 * tq * td4);
+    let edits = [
+        ("const TQ: u32 = 32u;".to_string(), format!("const TQ: u32 = {tq}u;")),
+        ("const SPLITS: u32 = 4u;".into(), format!("const SPLITS: u32 = {splits}u;")),
+        ("const LOG_SPLITS: u32 = 2u;".into(), format!("const LOG_SPLITS: u32 = {}u;", splits.trailing_zeros())),
+        ("const CH: u32 = 32u;".into(), format!("const CH: u32 = {ch}u;")),
+        ("const KPT: u32 = 8u;".into(), format!("const KPT: u32 = {}u;", ch / splits)),
+        ("const KV: u32 = 512u;".into(), format!("const KV: u32 = {kv}u;")),
+        ("const TSH: u32 = 1024u;".into(), format!("const TSH: u32 = {}u;", (2 * kv).max(merge))),
+        ("const TWG: u32 = 128u;".into(), format!("const TWG: u32 = {}u;", tq * splits)),
+        ("const MLN: u32 = 64u;".into(), format!("const MLN: u32 = {}u;", splits / 2 * tq)),
+    ];
+    let e: Vec<(&str, &str)> = edits.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    Ok(engine::kernels::rewrite_source("tiled attention", engine::kernels::ATTENTION_SOURCE, &e)?)
+}
+
+/// Relative RMS difference of `got` from `want`, "ok" within 1e-5.
+fn rel_check(got: &[f32], want: &[f32]) -> String {
+    let num: f64 = got.iter().zip(want).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    let e = (num / den).sqrt();
+    if e.is_nan() || e > 1e-5 {
+        format!("WRONG rel err {e:.1e}")
+    } else {
+        format!("ok ({e:.0e})")
+    }
+}
+
+/// The encoder's self-attention (tiny.en: 1500 frames, 6 heads of 64): the shipped tiled
+/// kernel and reshapes of it (queries x key splits x chunk per workgroup; any device),
+/// then, where the device has cooperative matrices, kernels that load their operands
+/// straight from memory as f16 hi/lo planes (kernel_lab/split_f16.wgsl makes them): the
+/// attention (attn_coop.wgsl + attention.wgsl's merge, and rewrites without its P·V or its
+/// Q·K products) and the encoder GEMM (gemm_direct.wgsl) on tiny.en's shapes against the
+/// shipped ones, with rewrites that take the epilogue away, hoist every load out of the K
+/// loop (products only) or make the strides constants. What they found (H200): the GEMM
+/// is bound by loading operands into cooperative matrices, from memory or workgroup memory
+/// alike (102 us; products alone 14), and the attention by its softmax in between.
+fn coop_direct_rows(lab: &Lab, attention_only: bool) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let mut rows = Vec::new();
+    let mut seed = 0xd1ec7u64;
+    let timed = |rows: &mut Vec<Row>, name: &str, change: &str, k: &Kernel, bind: wgpu::BindGroup, grid: [u32; 2], check: String| -> LabResult<Timing> {
+        let t = lab.time(k, &[bind], grid, 5)?;
+        let mut row = Row::new(Section::Probe, name, change);
+        row.dep = Some(t);
+        row.check = check;
+        eprintln!("    {name}: {:.1} µs, {}", t.best * 1e6, row.check);
+        rows.push(row);
+        Ok(t)
+    };
+    let split_rows = gpu.kernel_entry("lab split_f16 rows", SPLIT_F16, "main_rows", &[Access::Read, Access::ReadWrite])?;
+    let split_heads = gpu.kernel_entry("lab split_f16 heads", SPLIT_F16, "main_heads", &[Access::Read, Access::ReadWrite])?;
+    let (r, w) = (Access::Read, Access::ReadWrite);
+
+    // Attention: tiny.en's encoder self-attention, 1500 frames, 6 heads of 64.
+    let (t, heads) = (1500u32, 6u32);
+    let d = heads * 64;
+    let t_pad = t.div_ceil(64) * 64;
+    let scale = 0.125f32;
+    eprintln!("  coop attention {t} x {heads} heads");
+    let qkv: Vec<f32> = (0..t as usize * 3 * d as usize).map(|_| unit(&mut seed) * 4.0 - 2.0).collect();
+    let qkvb = gpu.upload_f32("lab qkv", &qkv)?;
+    let out = gpu.buffer("lab attn out", t as u64 * d as u64 * 4)?;
+    let att_tiled = gpu.kernel_entry("attention_tiled", engine::kernels::ATTENTION_SOURCE, "main_tiled", &[r, r, r, w])?;
+    let att_merge = gpu.kernel_entry("attention_merge", engine::kernels::ATTENTION_SOURCE, "main_merge", &[r, r, r, w])?;
+    let att_params = |split_keys: u32| {
+        lab.uniform(&[t, t, heads, 64, 0, 3 * d, d, 3 * d, 2 * d, 3 * d, 0, d, 0, 0, scale.to_bits(), split_keys, 0, 0, 0, 0])
+    };
+    let tp = att_params(0);
+    let tgrid = [t.div_ceil(32), heads];
+    let bind = lab.bind(&att_tiled, &tp, &[&qkvb, &qkvb, &qkvb, &out]);
+    gpu.fill_u32(&out, 0x7fc0_0000);
+    lab.run_once(&att_tiled, &bind, tgrid)?;
+    let want = gpu.read_f32(&out, 0, (t * d) as usize)?;
+    let attn_flops = 4.0 * t as f64 * t as f64 * d as f64;
+    let tt = timed(&mut rows, "attention_tiled 1500x6x64", "shipped: CUDA cores, a thread per query", &att_tiled, bind, tgrid, "reference".into())?;
+    rows.last_mut().unwrap().check = format!("reference, {}", tflops(attn_flops, tt));
+    // The tiled kernel reshaped: (queries, key splits, chunk) per workgroup.
+    for (tq, splits, ch) in [(32u32, 4u32, 16u32), (32, 8, 32), (16, 8, 32), (16, 16, 64), (64, 4, 16)] {
+        let name = format!("attention_tiled.{tq}x{splits}x{ch}");
+        let k = gpu.kernel_entry(static_name(&name), &tiled_attention_variant(tq, splits, ch)?, "main_tiled", &[r, r, r, w])?;
+        let g = [t.div_ceil(tq), heads];
+        let bind = lab.bind(&k, &tp, &[&qkvb, &qkvb, &qkvb, &out]);
+        gpu.fill_u32(&out, 0x7fc0_0000);
+        lab.run_once(&k, &bind, g)?;
+        let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
+        let change = format!("{tq} queries x {splits} key splits, chunks of {ch} keys");
+        let tv = timed(&mut rows, &format!("{name} 1500x6x64"), &change, &k, bind, g, String::new())?;
+        rows.last_mut().unwrap().check = format!("{c}, {}", tflops(attn_flops, tv));
+    }
+    if !gpu.info.coop_matrix {
+        return Ok(rows);
+    }
+    let planes = gpu.buffer("lab head planes", 6 * heads as u64 * t_pad as u64 * 64 * 2)?;
+    let sp = lab.uniform(&[t, 0, t_pad, heads, 0, 3 * d, scale.to_bits(), 0]);
+    let sgrid = grid((3 * heads as u64 * t_pad as u64 * 32).div_ceil(256));
+    let sbind = lab.bind(&split_heads, &sp, &[&qkvb, &planes]);
+    gpu.fill_u32(&planes, 0x7e00_7e00);
+    lab.run_once(&split_heads, &sbind, sgrid)?;
+    let ts = timed(&mut rows, "split_f16 heads 1500x6", "Q, K, V into f16 hi/lo head planes", &split_heads, sbind, sgrid, "timing only".into())?;
+    let no_pv: Vec<(&str, &str)> = (0..4)
+        .map(|i| [
+            "            pv(&oh0, &ol0, ah, al, vt, plane);\n",
+            "            pv(&oh1, &ol1, ah, al, vt + 16u, plane);\n",
+            "            pv(&oh2, &ol2, ah, al, vt + 32u, plane);\n",
+            "            pv(&oh3, &ol3, ah, al, vt + 48u, plane);\n",
+        ][i])
+        .map(|l| (l, ""))
+        .collect();
+    let no_qk: Vec<(&str, &str)> = [
+        "            qk(&sh, &sl, qh0, ql0, kt, plane);\n",
+        "            qk(&sh, &sl, qh1, ql1, kt + 16u, plane);\n",
+        "            qk(&sh, &sl, qh2, ql2, kt + 32u, plane);\n",
+        "            qk(&sh, &sl, qh3, ql3, kt + 48u, plane);\n",
+    ]
+    .iter()
+    .map(|l| (*l, ""))
+    .collect();
+    let att_variants = [
+        ("", "".to_string(), ATTN_COOP.to_string()),
+        (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_COOP, &no_pv)?),
+        (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_COOP, &no_qk)?),
+    ];
+    for (split_keys, vi) in [(384u32, 0usize), (384, 1), (384, 2)] {
+        let (suffix, what, vsrc) = &att_variants[vi];
+        let att_coop = gpu.kernel(static_name(&format!("lab attn_coop{suffix}")), vsrc, &[r, w])?;
+        let n_splits = t.div_ceil(split_keys);
+        let part = gpu.buffer("lab attn partials", t as u64 * heads as u64 * n_splits as u64 * 66 * 4)?;
+        let cp = lab.uniform(&[t, t, heads, t_pad, split_keys, n_splits, 0, 0]);
+        let cgrid = [t_pad / 32, heads * n_splits];
+        let cbind = lab.bind(&att_coop, &cp, &[&planes, &part]);
+        let mp = att_params(split_keys);
+        let mgrid = [t, heads];
+        let mbind = lab.bind(&att_merge, &mp, &[&part, &qkvb, &qkvb, &out]);
+        gpu.fill_u32(&part, 0x7fc0_0000);
+        gpu.fill_u32(&out, 0x7fc0_0000);
+        lab.run_once(&att_coop, &cbind, cgrid)?;
+        lab.run_once(&att_merge, &mbind, mgrid)?;
+        let c = if vi == 0 { rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want) } else { "timing only".into() };
+        let tc = timed(
+            &mut rows,
+            &format!("attn_coop{suffix} 1500x6x64 /{n_splits}"),
+            &format!("tensor cores, operands from memory, {n_splits} key splits{what}"),
+            &att_coop,
+            cbind,
+            cgrid,
+            String::new(),
+        )?;
+        let tm = timed(&mut rows, &format!("attention_merge /{n_splits}"), "the splits' partials merged", &att_merge, mbind, mgrid, "timing only".into())?;
+        let total = ts.best + tc.best + tm.best;
+        let at = rows.len() - 2;
+        rows[at].check = format!("{c}, {}; split+attn+merge {:.1} µs", tflops(attn_flops, tc), total * 1e6);
+    }
+    if attention_only {
+        return Ok(rows);
+    }
+    // GEMM
+    let gemm_ref = gpu.kernel("gemm_f16", engine::kernels::GEMM_SOURCE, &[r, r, r, w])?;
+    let gemm_coop = gpu.kernel("gemm_coop", engine::kernels::GEMM_COOP_SOURCE, &[r, r, r, w])?;
+    for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536), (1500, 1152, 384)] {
+        eprintln!("  direct GEMM {m}x{n}x{kk}");
+        let m_pad = m.div_ceil(64) * 64;
+        let x: Vec<f32> = (0..m as usize * kk as usize).map(|_| unit(&mut seed) * 2.0 - 1.0).collect();
+        let wv: Vec<u16> =
+            (0..n as usize * kk as usize).map(|_| half::f16::from_f32(unit(&mut seed) - 0.5).to_bits()).collect();
+        let bias: Vec<f32> = (0..n).map(|_| unit(&mut seed)).collect();
+        let xb = gpu.upload_f32("lab gemm x", &x)?;
+        let wb = gpu.upload("lab gemm w", bytemuck::cast_slice(&wv))?;
+        let bb = gpu.upload_f32("lab gemm b", &bias)?;
+        let yb = gpu.buffer("lab gemm y", m as u64 * n as u64 * 4)?;
+        let planes = gpu.buffer("lab planes", 2 * m_pad as u64 * kk as u64 * 2)?;
+        let params = lab.uniform(&[m, n, kk, 1, 0, kk, 0, n, 0, 0, 0, 0]);
+        let flops = 2.0 * m as f64 * n as f64 * kk as f64;
+        let ref_grid = [n.div_ceil(64), m.div_ceil(64)];
+        let bind = lab.bind(&gemm_ref, &params, &[&xb, &wb, &bb, &yb]);
+        gpu.fill_u32(&yb, 0x7fc0_0000);
+        lab.run_once(&gemm_ref, &bind, ref_grid)?;
+        let want = gpu.read_f32(&yb, 0, (m * n) as usize)?;
+        let t = lab.time(&gemm_ref, &[bind], ref_grid, 5)?;
+        eprintln!("    gemm_f16 {:.1} µs", t.best * 1e6);
+        let bind = lab.bind(&gemm_coop, &params, &[&xb, &wb, &bb, &yb]);
+        gpu.fill_u32(&yb, 0x7fc0_0000);
+        lab.run_once(&gemm_coop, &bind, ref_grid)?;
+        let c = rel_check(&gpu.read_f32(&yb, 0, (m * n) as usize)?, &want);
+        let tc = timed(&mut rows, &format!("gemm_coop {m}x{n}x{kk}"), "shipped: staged in workgroup memory", &gemm_coop, bind, ref_grid, String::new())?;
+        rows.last_mut().unwrap().check = format!("{c}, {}", tflops(flops, tc));
+
+        let sp = lab.uniform(&[m, kk, m_pad, 0, 0, kk, 0, 0]);
+        let sgrid = grid((m_pad as u64 * kk as u64 / 2).div_ceil(256));
+        let sbind = lab.bind(&split_rows, &sp, &[&xb, &planes]);
+        gpu.fill_u32(&planes, 0x7e00_7e00);
+        lab.run_once(&split_rows, &sbind, sgrid)?;
+        let ts = timed(&mut rows, &format!("split_f16 rows {m}x{kk}"), "X into f16 hi/lo planes", &split_rows, sbind, sgrid, "timing only".into())?;
+        let dp = lab.uniform(&[m, n, kk, m_pad]);
+        let dgrid = [n / 64, m_pad / 64];
+        let y2 = gpu.buffer("lab gemm y2", 2 * m_pad as u64 * n as u64 * 4)?;
+        // Rewrites that each take a part away (the check is then timing only).
+        let plain_store: Vec<(&str, String)> = vec![(
+            "    emit(c00, d00, cb, lane, row0, col0);\n    emit(c01, d01, cb, lane, row0, col0 + 16u);\n    emit(c10, d10, cb, lane, row0 + 16u, col0);\n    emit(c11, d11, cb, lane, row0 + 16u, col0 + 16u);\n",
+            "    let blk = ((wg.y * (p.n / 64u) + wg.x) * 4u + sg) * 2048u;\n    put4(c00, c01, c10, c11, blk);\n    put4(d00, d01, d10, d11, blk + 1024u);\n".to_string(),
+        )];
+        let mut hoisted = plain_store.clone();
+        hoisted.push(("    for (var k0 = 0u; k0 < p.k; k0 += 32u) {\n        let k1 = k0 + 16u;\n", "    let k0 = 0u;\n    let k1 = 16u;\n".into()));
+        hoisted.push(("        c00 = coopMultiplyAdd(x0, b0, c00);\n", "    for (var kq = 0u; kq < p.k; kq += 32u) {\n        c00 = coopMultiplyAdd(x0, b0, c00);\n".into()));
+        let mut constant = plain_store.clone();
+        constant.push(("    let sk = p.k;", format!("    let sk = {kk}u;")));
+        constant.push(("    let sn = p.n;", format!("    let sn = {n}u;")));
+        fn edits<'a>(e: &'a [(&'a str, String)]) -> Vec<(&'a str, &'a str)> {
+            e.iter().map(|(a, b)| (*a, b.as_str())).collect()
+        }
+        let variants = [
+            ("gemm_direct", "operands loaded from memory, no staging", GEMM_DIRECT.to_string()),
+            ("gemm_direct.plain_store", "accumulators stored as they are (no epilogue)", engine::kernels::rewrite_source("plain", GEMM_DIRECT, &edits(&plain_store))?),
+            ("gemm_direct.hoisted", "plain store, loads hoisted out of the K loop (products only)", engine::kernels::rewrite_source("hoisted", GEMM_DIRECT, &edits(&hoisted))?),
+            ("gemm_direct.const", "plain store, strides as constants", engine::kernels::rewrite_source("const", GEMM_DIRECT, &edits(&constant))?),
+        ];
+        for (vname, change, vsrc) in &variants {
+            let label = format!("{vname} {m}x{n}x{kk}");
+            let k = gpu.kernel(static_name(&label), vsrc, &[r, r, r, w])?;
+            let first = *vname == "gemm_direct";
+            let yt = if first { &yb } else { &y2 };
+            let dbind = lab.bind(&k, &dp, &[&planes, &wb, &bb, yt]);
+            gpu.fill_u32(yt, 0x7fc0_0000);
+            lab.run_once(&k, &dbind, dgrid)?;
+            let c = if first { rel_check(&gpu.read_f32(&yb, 0, (m * n) as usize)?, &want) } else { "timing only".into() };
+            if first {
+                let t50 = lab.time(&k, std::slice::from_ref(&dbind), dgrid, 50)?;
+                eprintln!("    (50 per batch: {:.1} µs)", t50.best * 1e6);
+            }
+            let td = timed(&mut rows, &label, change, &k, dbind, dgrid, String::new())?;
+            rows.last_mut().unwrap().check = format!("{c}, {}; with split {:.1} µs", tflops(flops, td), (td.best + ts.best) * 1e6);
+        }
+    }
+
+    Ok(rows)
+}
+
 // ---------------------------------------------------------------------------------------
 // GEMV
 
@@ -1371,9 +1627,21 @@ fn run(args: &Args) -> LabResult<()> {
     let mut rows = Vec::new();
     eprintln!("copy ceiling ({} MiB)", mib(copy_bytes));
     rows.extend(copy_rows(&lab, copy_bytes, args.reps)?);
+    if args.direct_only {
+        if gpu.info.coop_matrix {
+            eprintln!("cooperative matrices fed from memory");
+            rows.extend(coop_direct_rows(&lab, args.attention_only)?);
+        } else {
+            rows.extend(coop_direct_rows(&lab, args.attention_only)?);
+        }
+        gpu.check()?;
+        print_table(&rows, &clock_note);
+        return Ok(());
+    }
     if gpu.info.coop_matrix {
         eprintln!("cooperative matrices");
         rows.extend(coop_rows(&lab)?);
+        rows.extend(coop_direct_rows(&lab, args.attention_only)?);
     } else {
         println!("coop: skipped (the engine does not use cooperative matrices on this device)");
     }

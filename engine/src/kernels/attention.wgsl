@@ -114,26 +114,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 }
 
 // ---------------------------------------------------------------------------------------
-// Tiled variant for many queries (the encoder's 1500, a long prefill). A workgroup takes 32
-// queries of one head and 4 key splits: thread (query q, split s) keeps its own online
-// softmax over keys s, s+4, s+8, s+12 of each staged chunk of 16 keys, with q and its
-// output accumulator in registers (16 vec4 each; head_dim <= 64, zero-padded), and the 4
-// splits of a query are merged at the end through workgroup memory. The splits exist for
-// a big GPU: one thread per (query, head) gave 9000 threads for a whole encoder layer,
-// ~2 warps per H200 multiprocessor, 5.2 ms per layer. K and V are staged once per chunk for
-// all 128 threads and read as broadcasts (all threads of a split read the same key).
+// Tiled variant for many queries (the encoder's 1500, a long prefill). A workgroup takes TQ
+// queries of one head and SPLITS key splits: thread (query q, split s) keeps its own online
+// softmax over keys s, s+SPLITS, ... of each staged chunk of CH keys (KPT of them), with q
+// and its output accumulator in registers (16 vec4 each; head_dim <= 64, zero-padded), and
+// the splits of a query are merged at the end through workgroup memory, halving each
+// round. The splits exist for a big GPU: one thread per (query, head) gave 9000 threads
+// for a whole encoder layer, ~2 warps per H200 multiprocessor, 5.2 ms per layer; 4 splits
+// 665 us. K and V are staged once per chunk for all threads and read as broadcasts (all
+// threads of a split read the same key). The kernel lab times other shapes by rewriting
+// the constants (TSH = max(2 CH TD4, SPLITS / 2 TQ TD4): staging, then the merge, share it):
+// on the H200 (1500 x 6 heads x 64) chunks of 32 keys were 8 % faster than 16, and 8 or 16
+// splits (twice or four times the warps) no faster: not bound by parallelism.
 // The unrolled vec4 code is written out: lavapipe caps any loop at 65535 iterations per
 // invocation (DEVELOPERS.md), and private arrays indexed in loops can land in local memory.
 
 const TQ: u32 = 32u;
 const SPLITS: u32 = 4u;
-const CH: u32 = 16u;
+const LOG_SPLITS: u32 = 2u;
+const CH: u32 = 32u;
+const KPT: u32 = 8u; // CH / SPLITS
 const TD4: u32 = 16u;
+const KV: u32 = 512u; // CH * TD4: where V starts in `tsh`
+const TSH: u32 = 1024u;
+const TWG: u32 = 128u; // TQ * SPLITS threads
+const MLN: u32 = 64u; // SPLITS / 2 * TQ
 
-var<workgroup> ks: array<vec4<f32>, 256>; // [CH][TD4]
-var<workgroup> vs: array<vec4<f32>, 256>;
-var<workgroup> mrg_acc: array<vec4<f32>, 1024>; // [2][TQ][TD4]
-var<workgroup> mrg_ml: array<vec2<f32>, 64>; // [2][TQ] (m, l)
+// Keys [CH][TD4] then values while the keys are walked; the merge's accumulators
+// [SPLITS / 2][TQ][TD4] after.
+var<workgroup> tsh: array<vec4<f32>, TSH>;
+var<workgroup> mrg_ml: array<vec2<f32>, MLN>; // [SPLITS / 2][TQ] (m, l)
 
 fn kv4(is_k: bool, base: u32, c: u32, d4: u32) -> vec4<f32> {
     if (c >= d4) {
@@ -154,7 +164,7 @@ fn load_q4(base: u32, c: u32, d4: u32) -> vec4<f32> {
     return vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]) * p.scale;
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(TWG)
 fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wg.y;
     let ql = lid % TQ;
@@ -216,34 +226,34 @@ fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
                 kk = kv4(true, p.k_off + (j0 + jj) * p.k_stride + h * p.d, c, d4);
                 vv = kv4(false, p.v_off + (j0 + jj) * p.v_stride + h * p.d, c, d4);
             }
-            ks[e] = kk;
-            vs[e] = vv;
+            tsh[e] = kk;
+            tsh[KV + e] = vv;
         }
         workgroupBarrier();
         if (live) {
-            var s = array<f32, 4>(NEG, NEG, NEG, NEG);
+            var s: array<f32, KPT>;
             var cmax = NEG;
-            for (var t = 0u; t < 4u; t++) {
+            for (var t = 0u; t < KPT; t++) {
                 let jj = split + SPLITS * t;
                 if (jj < cnt && j0 + jj < kmax) {
                     let kb = jj * TD4;
                     var acc = vec4<f32>(0.0);
-                    acc = fma(q0, ks[kb + 0u], acc);
-                    acc = fma(q1, ks[kb + 1u], acc);
-                    acc = fma(q2, ks[kb + 2u], acc);
-                    acc = fma(q3, ks[kb + 3u], acc);
-                    acc = fma(q4, ks[kb + 4u], acc);
-                    acc = fma(q5, ks[kb + 5u], acc);
-                    acc = fma(q6, ks[kb + 6u], acc);
-                    acc = fma(q7, ks[kb + 7u], acc);
-                    acc = fma(q8, ks[kb + 8u], acc);
-                    acc = fma(q9, ks[kb + 9u], acc);
-                    acc = fma(q10, ks[kb + 10u], acc);
-                    acc = fma(q11, ks[kb + 11u], acc);
-                    acc = fma(q12, ks[kb + 12u], acc);
-                    acc = fma(q13, ks[kb + 13u], acc);
-                    acc = fma(q14, ks[kb + 14u], acc);
-                    acc = fma(q15, ks[kb + 15u], acc);
+                    acc = fma(q0, tsh[kb + 0u], acc);
+                    acc = fma(q1, tsh[kb + 1u], acc);
+                    acc = fma(q2, tsh[kb + 2u], acc);
+                    acc = fma(q3, tsh[kb + 3u], acc);
+                    acc = fma(q4, tsh[kb + 4u], acc);
+                    acc = fma(q5, tsh[kb + 5u], acc);
+                    acc = fma(q6, tsh[kb + 6u], acc);
+                    acc = fma(q7, tsh[kb + 7u], acc);
+                    acc = fma(q8, tsh[kb + 8u], acc);
+                    acc = fma(q9, tsh[kb + 9u], acc);
+                    acc = fma(q10, tsh[kb + 10u], acc);
+                    acc = fma(q11, tsh[kb + 11u], acc);
+                    acc = fma(q12, tsh[kb + 12u], acc);
+                    acc = fma(q13, tsh[kb + 13u], acc);
+                    acc = fma(q14, tsh[kb + 14u], acc);
+                    acc = fma(q15, tsh[kb + 15u], acc);
                     let sc = acc.x + acc.y + acc.z + acc.w;
                     s[t] = sc;
                     cmax = max(cmax, sc);
@@ -269,28 +279,28 @@ fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
                 a13 *= corr;
                 a14 *= corr;
                 a15 *= corr;
-                for (var t = 0u; t < 4u; t++) {
+                for (var t = 0u; t < KPT; t++) {
                     let jj = split + SPLITS * t;
                     if (jj < cnt && j0 + jj < kmax) {
                         let pj = exp(s[t] - mnew);
                         l += pj;
                         let vb = jj * TD4;
-                        a0 = fma(vec4<f32>(pj), vs[vb + 0u], a0);
-                        a1 = fma(vec4<f32>(pj), vs[vb + 1u], a1);
-                        a2 = fma(vec4<f32>(pj), vs[vb + 2u], a2);
-                        a3 = fma(vec4<f32>(pj), vs[vb + 3u], a3);
-                        a4 = fma(vec4<f32>(pj), vs[vb + 4u], a4);
-                        a5 = fma(vec4<f32>(pj), vs[vb + 5u], a5);
-                        a6 = fma(vec4<f32>(pj), vs[vb + 6u], a6);
-                        a7 = fma(vec4<f32>(pj), vs[vb + 7u], a7);
-                        a8 = fma(vec4<f32>(pj), vs[vb + 8u], a8);
-                        a9 = fma(vec4<f32>(pj), vs[vb + 9u], a9);
-                        a10 = fma(vec4<f32>(pj), vs[vb + 10u], a10);
-                        a11 = fma(vec4<f32>(pj), vs[vb + 11u], a11);
-                        a12 = fma(vec4<f32>(pj), vs[vb + 12u], a12);
-                        a13 = fma(vec4<f32>(pj), vs[vb + 13u], a13);
-                        a14 = fma(vec4<f32>(pj), vs[vb + 14u], a14);
-                        a15 = fma(vec4<f32>(pj), vs[vb + 15u], a15);
+                        a0 = fma(vec4<f32>(pj), tsh[KV + vb + 0u], a0);
+                        a1 = fma(vec4<f32>(pj), tsh[KV + vb + 1u], a1);
+                        a2 = fma(vec4<f32>(pj), tsh[KV + vb + 2u], a2);
+                        a3 = fma(vec4<f32>(pj), tsh[KV + vb + 3u], a3);
+                        a4 = fma(vec4<f32>(pj), tsh[KV + vb + 4u], a4);
+                        a5 = fma(vec4<f32>(pj), tsh[KV + vb + 5u], a5);
+                        a6 = fma(vec4<f32>(pj), tsh[KV + vb + 6u], a6);
+                        a7 = fma(vec4<f32>(pj), tsh[KV + vb + 7u], a7);
+                        a8 = fma(vec4<f32>(pj), tsh[KV + vb + 8u], a8);
+                        a9 = fma(vec4<f32>(pj), tsh[KV + vb + 9u], a9);
+                        a10 = fma(vec4<f32>(pj), tsh[KV + vb + 10u], a10);
+                        a11 = fma(vec4<f32>(pj), tsh[KV + vb + 11u], a11);
+                        a12 = fma(vec4<f32>(pj), tsh[KV + vb + 12u], a12);
+                        a13 = fma(vec4<f32>(pj), tsh[KV + vb + 13u], a13);
+                        a14 = fma(vec4<f32>(pj), tsh[KV + vb + 14u], a14);
+                        a15 = fma(vec4<f32>(pj), tsh[KV + vb + 15u], a15);
                     }
                 }
                 m = mnew;
@@ -298,28 +308,29 @@ fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         }
         workgroupBarrier();
     }
-    // Merge the 4 splits of each query: splits 2 and 3 hand over to 0 and 1, then 1 to 0.
-    for (var round = 0u; round < 2u; round++) {
-        let half_ = select(2u, 1u, round == 1u);
+    // Merge the splits of each query: the upper half hands over to the lower, SPLITS / 2,
+    // then SPLITS / 4, ... (with 4: splits 2 and 3 to 0 and 1, then 1 to 0).
+    for (var round = 0u; round < LOG_SPLITS; round++) {
+        let half_ = SPLITS >> (round + 1u);
         if (split >= half_ && split < 2u * half_) {
             let slot = (split - half_) * TQ + ql;
             mrg_ml[slot] = vec2<f32>(m, l);
-            mrg_acc[slot * TD4 + 0u] = a0;
-            mrg_acc[slot * TD4 + 1u] = a1;
-            mrg_acc[slot * TD4 + 2u] = a2;
-            mrg_acc[slot * TD4 + 3u] = a3;
-            mrg_acc[slot * TD4 + 4u] = a4;
-            mrg_acc[slot * TD4 + 5u] = a5;
-            mrg_acc[slot * TD4 + 6u] = a6;
-            mrg_acc[slot * TD4 + 7u] = a7;
-            mrg_acc[slot * TD4 + 8u] = a8;
-            mrg_acc[slot * TD4 + 9u] = a9;
-            mrg_acc[slot * TD4 + 10u] = a10;
-            mrg_acc[slot * TD4 + 11u] = a11;
-            mrg_acc[slot * TD4 + 12u] = a12;
-            mrg_acc[slot * TD4 + 13u] = a13;
-            mrg_acc[slot * TD4 + 14u] = a14;
-            mrg_acc[slot * TD4 + 15u] = a15;
+            tsh[slot * TD4 + 0u] = a0;
+            tsh[slot * TD4 + 1u] = a1;
+            tsh[slot * TD4 + 2u] = a2;
+            tsh[slot * TD4 + 3u] = a3;
+            tsh[slot * TD4 + 4u] = a4;
+            tsh[slot * TD4 + 5u] = a5;
+            tsh[slot * TD4 + 6u] = a6;
+            tsh[slot * TD4 + 7u] = a7;
+            tsh[slot * TD4 + 8u] = a8;
+            tsh[slot * TD4 + 9u] = a9;
+            tsh[slot * TD4 + 10u] = a10;
+            tsh[slot * TD4 + 11u] = a11;
+            tsh[slot * TD4 + 12u] = a12;
+            tsh[slot * TD4 + 13u] = a13;
+            tsh[slot * TD4 + 14u] = a14;
+            tsh[slot * TD4 + 15u] = a15;
         }
         workgroupBarrier();
         if (split < half_) {
@@ -329,22 +340,22 @@ fn main_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             let c_self = exp(max(m - mnew, -80.0));
             let c_other = exp(max(o2.x - mnew, -80.0));
             l = l * c_self + o2.y * c_other;
-            a0 = a0 * c_self + mrg_acc[slot * TD4 + 0u] * c_other;
-            a1 = a1 * c_self + mrg_acc[slot * TD4 + 1u] * c_other;
-            a2 = a2 * c_self + mrg_acc[slot * TD4 + 2u] * c_other;
-            a3 = a3 * c_self + mrg_acc[slot * TD4 + 3u] * c_other;
-            a4 = a4 * c_self + mrg_acc[slot * TD4 + 4u] * c_other;
-            a5 = a5 * c_self + mrg_acc[slot * TD4 + 5u] * c_other;
-            a6 = a6 * c_self + mrg_acc[slot * TD4 + 6u] * c_other;
-            a7 = a7 * c_self + mrg_acc[slot * TD4 + 7u] * c_other;
-            a8 = a8 * c_self + mrg_acc[slot * TD4 + 8u] * c_other;
-            a9 = a9 * c_self + mrg_acc[slot * TD4 + 9u] * c_other;
-            a10 = a10 * c_self + mrg_acc[slot * TD4 + 10u] * c_other;
-            a11 = a11 * c_self + mrg_acc[slot * TD4 + 11u] * c_other;
-            a12 = a12 * c_self + mrg_acc[slot * TD4 + 12u] * c_other;
-            a13 = a13 * c_self + mrg_acc[slot * TD4 + 13u] * c_other;
-            a14 = a14 * c_self + mrg_acc[slot * TD4 + 14u] * c_other;
-            a15 = a15 * c_self + mrg_acc[slot * TD4 + 15u] * c_other;
+            a0 = a0 * c_self + tsh[slot * TD4 + 0u] * c_other;
+            a1 = a1 * c_self + tsh[slot * TD4 + 1u] * c_other;
+            a2 = a2 * c_self + tsh[slot * TD4 + 2u] * c_other;
+            a3 = a3 * c_self + tsh[slot * TD4 + 3u] * c_other;
+            a4 = a4 * c_self + tsh[slot * TD4 + 4u] * c_other;
+            a5 = a5 * c_self + tsh[slot * TD4 + 5u] * c_other;
+            a6 = a6 * c_self + tsh[slot * TD4 + 6u] * c_other;
+            a7 = a7 * c_self + tsh[slot * TD4 + 7u] * c_other;
+            a8 = a8 * c_self + tsh[slot * TD4 + 8u] * c_other;
+            a9 = a9 * c_self + tsh[slot * TD4 + 9u] * c_other;
+            a10 = a10 * c_self + tsh[slot * TD4 + 10u] * c_other;
+            a11 = a11 * c_self + tsh[slot * TD4 + 11u] * c_other;
+            a12 = a12 * c_self + tsh[slot * TD4 + 12u] * c_other;
+            a13 = a13 * c_self + tsh[slot * TD4 + 13u] * c_other;
+            a14 = a14 * c_self + tsh[slot * TD4 + 14u] * c_other;
+            a15 = a15 * c_self + tsh[slot * TD4 + 15u] * c_other;
             m = mnew;
         }
         workgroupBarrier();
@@ -390,6 +401,26 @@ var<workgroup> sc: array<f32, 256>;
 var<workgroup> red2: array<f32, 256>;
 var<workgroup> part0: array<f32, 256>;
 var<workgroup> part1: array<f32, 256>;
+var<workgroup> kpart: array<f32, 1024>; // head_dim 64: [key][quarter] partial scores
+
+// Dimensions c..c+3 of key row j (zero for a key past the split).
+fn key4(j: u32, c: u32, ok: bool) -> vec4<f32> {
+    if (!ok) {
+        return vec4<f32>(0.0);
+    }
+    let b = p.k_off + j * p.k_stride + c;
+    return vec4<f32>(k[b], k[b + 1u], k[b + 2u], k[b + 3u]);
+}
+
+fn qs4(c: u32) -> vec4<f32> {
+    return vec4<f32>(qs[c], qs[c + 1u], qs[c + 2u], qs[c + 3u]);
+}
+
+// One round's partial score: dimensions 4 part + 16 i (i < 4) of a key against q.
+fn kdot(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>, part: u32) -> f32 {
+    let t = fma(qs4(4u * part), a, fma(qs4(4u * part + 16u), b, fma(qs4(4u * part + 32u), c, qs4(4u * part + 48u) * e)));
+    return t.x + t.y + t.z + t.w;
+}
 
 fn reduce2(v: f32, lid: u32, is_max: bool) -> f32 {
     red2[lid] = v;
@@ -429,6 +460,55 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     // The sums keep the order of the plain loop below (two vec4 accumulators per 8).
     let j = j_lo + lid;
     let valid = lid < sk && j < j_hi;
+    if (d == 64u && sk <= AW) {
+        // head_dim 64 (every Whisper): four threads per key, thread (key lid / 4 + 64 r,
+        // quarter lid % 4) reading dimensions 4 quarter + 16 i as vec4, so that four
+        // neighbouring threads read 64 contiguous bytes of a key. One thread per key
+        // reading its own 64 floats made every load of a warp touch 32 cache lines (keys
+        // are a row stride apart): cross-attention over 1500 frames cost ~20 us a split in
+        // a decode step. All 16 loads are issued before q's barrier.
+        let part = lid % 4u;
+        let kq = lid / 4u;
+        let hb = h * 64u;
+        let ok0 = kq < sk && j_lo + kq < j_hi;
+        let ok1 = kq + 64u < sk && j_lo + kq + 64u < j_hi;
+        let ok2 = kq + 128u < sk && j_lo + kq + 128u < j_hi;
+        let ok3 = kq + 192u < sk && j_lo + kq + 192u < j_hi;
+        let c0 = hb + 4u * part;
+        let a0 = key4(j_lo + kq, c0, ok0);
+        let b0 = key4(j_lo + kq, c0 + 16u, ok0);
+        let e0 = key4(j_lo + kq, c0 + 32u, ok0);
+        let f0 = key4(j_lo + kq, c0 + 48u, ok0);
+        let a1 = key4(j_lo + kq + 64u, c0, ok1);
+        let b1 = key4(j_lo + kq + 64u, c0 + 16u, ok1);
+        let e1 = key4(j_lo + kq + 64u, c0 + 32u, ok1);
+        let f1 = key4(j_lo + kq + 64u, c0 + 48u, ok1);
+        let a2 = key4(j_lo + kq + 128u, c0, ok2);
+        let b2 = key4(j_lo + kq + 128u, c0 + 16u, ok2);
+        let e2 = key4(j_lo + kq + 128u, c0 + 32u, ok2);
+        let f2 = key4(j_lo + kq + 128u, c0 + 48u, ok2);
+        let a3 = key4(j_lo + kq + 192u, c0, ok3);
+        let b3 = key4(j_lo + kq + 192u, c0 + 16u, ok3);
+        let e3 = key4(j_lo + kq + 192u, c0 + 32u, ok3);
+        let f3 = key4(j_lo + kq + 192u, c0 + 48u, ok3);
+        let qb = p.q_off + qi * p.q_stride + h * d;
+        if (lid < 64u) {
+            qs[lid] = q[qb + lid] * p.scale;
+        }
+        workgroupBarrier();
+        // partial of (key kk, quarter) at kpart[4 kk + quarter] = kpart[256 r + lid]
+        kpart[lid] = kdot(a0, b0, e0, f0, part);
+        kpart[256u + lid] = kdot(a1, b1, e1, f1, part);
+        kpart[512u + lid] = kdot(a2, b2, e2, f2, part);
+        kpart[768u + lid] = kdot(a3, b3, e3, f3, part);
+        workgroupBarrier();
+        var s64 = NEG;
+        if (valid) {
+            s64 = kpart[4u * lid] + kpart[4u * lid + 1u] + kpart[4u * lid + 2u] + kpart[4u * lid + 3u];
+        }
+        attend(s64, qi, h, split, n_splits, j_lo, j_hi, lid);
+        return;
+    }
     let kb = select(0u, p.k_off + j * p.k_stride + h * d, valid);
     let pre = valid && d >= 32u;
     var k0 = vec4<f32>(0.0);
@@ -496,6 +576,13 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         }
         s = dot_;
     }
+    attend(s, qi, h, split, n_splits, j_lo, j_hi, lid);
+}
+
+// The rest of a split once thread lid holds its key's score s (NEG for none): softmax
+// over the split, p · v, and the partial (or, with `direct`, the output).
+fn attend(s: f32, qi: u32, h: u32, split: u32, n_splits: u32, j_lo: u32, j_hi: u32, lid: u32) {
+    let d = p.d;
     let mx = reduce2(s, lid, true);
     var e = 0.0;
     if (s > NEG) {

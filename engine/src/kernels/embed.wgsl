@@ -1,9 +1,9 @@
 // Decoder input: x[i][c] = embedding[token[tok_off + i]][c] + position[pos0 + i][c]
 // (`tok_off`: a draft model keeps its tokens by position, the ones it chose itself included).
-// The embedding table is the f16 matrix that also projects to logits (tied), stored
-// k-major like every weight ([d][vocab], pairs packed along the vocabulary), so a token's
-// row is a strided column here: d reads per token, negligible next to the projection,
-// which reads the whole table. Positions are f32 [ctx][d]. One thread per pair of channels.
+// The embedding table is the f16 matrix that also projects to logits (tied), kept row-major
+// as the checkpoint stores it ([vocab][d], pairs packed along d; gemv_rows.wgsl reads it
+// for the logits), so a token's row is contiguous. Positions are f32 [ctx][d]. One thread
+// per pair of channels.
 
 struct Params {
     n_tok: u32, d: u32, pos0: u32, vocab: u32,
@@ -26,16 +26,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     // An out-of-range id would read another row; clamp (the host validates ids anyway).
     let t = min(tokens[p.tok_off + i], p.vocab - 1u);
-    let vw = p.vocab / 2u;
     let c = 2u * cw;
-    let e0 = unpack2x16float(emb[c * vw + t / 2u]);
-    let e1 = unpack2x16float(emb[(c + 1u) * vw + t / 2u]);
-    var a = e0.x;
-    var b = e1.x;
-    if ((t & 1u) != 0u) {
-        a = e0.y;
-        b = e1.y;
-    }
+    let e = unpack2x16float(emb[t * half_d + cw]);
+    let a = e.x;
+    let b = e.y;
     let pb = (p.pos0 + i) * p.d + c;
     let xb = i * p.d + c;
     x[xb] = a + pos[pb];

@@ -87,6 +87,13 @@ const ATTENTION_PARTIALS_FLOATS: u64 = 1 << 20;
 
 /// The encoder GEMM in plain shader arithmetic (any device) and its cooperative-matrix twin. The
 /// directives of the latter must open the module, before everything it shares.
+/// gemv_rows.wgsl as compiled (the logits over the row-major embedding table).
+pub const GEMV_ROWS_SOURCE: &str =
+    concat!(include_str!("gelu.wgsl"), include_str!("gemv_common.wgsl"), include_str!("gemv_rows.wgsl"));
+/// Outputs per workgroup of gemv_rows.wgsl (8 groups of RPG = 4).
+const GEMV_ROWS_OUTPUTS: u32 = 32;
+/// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
+pub const ATTENTION_SOURCE: &str = include_str!("attention.wgsl");
 pub const GEMM_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("gemm_io.wgsl"), include_str!("gemm.wgsl"));
 pub const GEMM_COOP_SOURCE: &str = concat!(
     "enable f16;\nenable wgpu_cooperative_matrix;\n",
@@ -144,6 +151,32 @@ impl F16Matrix {
             }
         }
         Ok(F16Matrix { buf: gpu.upload(label, bytemuck::cast_slice(&t))?, n: n as u32, k: k as u32 })
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.n as u64 * self.k as u64 * 2
+    }
+}
+
+/// A weight matrix on the GPU as the checkpoint stores it, row-major [n][k], f16 pairs
+/// packed along k in u32 words (k even): the tied embedding table, which the embedding
+/// lookup reads by row and the logits GEMV (gemv_rows.wgsl) reads front to back.
+pub struct F16Rows {
+    pub buf: Buffer,
+    pub n: u32,
+    pub k: u32,
+}
+
+impl F16Rows {
+    /// Upload `bits` (f16, row-major [n][k]) as they are.
+    pub fn from_bits(gpu: &Gpu, label: &str, bits: &[u16], n: usize, k: usize) -> Result<Self> {
+        if !k.is_multiple_of(2) {
+            return Err(Error::Invalid(format!("{label}: rows of {k} values; packed f16 needs an even count")));
+        }
+        if bits.len() != n * k {
+            return Err(Error::Invalid(format!("{label}: {} values for a [{n}, {k}] matrix", bits.len())));
+        }
+        Ok(F16Rows { buf: gpu.upload(label, bytemuck::cast_slice(bits))?, n: n as u32, k: k as u32 })
     }
 
     pub fn bytes(&self) -> u64 {
@@ -385,6 +418,7 @@ pub struct Kernels {
     gemv_m1: Arc<Kernel>,
     /// `gemv_m1` as 32 column pairs x 8 K slices, for large matrices (the logits).
     gemv_m1_wide: Arc<Kernel>,
+    gemv_rows: Arc<Kernel>,
     /// Block-quantized GEMVs (gemv_q.wgsl): q8_0, q4_0, and their wide forms.
     gemv_q8: Arc<Kernel>,
     gemv_q4: Arc<Kernel>,
@@ -424,6 +458,7 @@ impl Kernels {
             },
             gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
             gemv_m1_wide: gpu.kernel_entry("gemv_m1_wide_f16", &gemv_wide_source()?, "main_m1", &[R, R, R, R, R, W])?,
+            gemv_rows: gpu.kernel("gemv_rows_f16", GEMV_ROWS_SOURCE, &[R, R, R, R, R, W])?,
             gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
             gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
@@ -540,6 +575,34 @@ impl Kernels {
             return Err(Error::Invalid(format!("linear_per_row: {m} rows (1 to {GEMV_MAX_ROWS})")));
         }
         self.gemv(rec, x, m, norm, w, bias, y, ep, true)
+    }
+
+    /// y[r] (=|+=) act(LayerNorm(x[r]) · Wᵀ + b) (`norm` Some) or act(x[r] · Wᵀ + b) for any
+    /// number of rows over a row-major matrix (gemv_rows.wgsl: the logits over the
+    /// embedding table), one grid layer per row, each row bit-identical to the same row
+    /// alone.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_rows(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: Option<NormArgs>,
+        w: &F16Rows,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        if m == 0 || m > 65535 {
+            return Err(Error::Invalid(format!("linear_rows: {m} rows")));
+        }
+        let params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
+        let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
+        cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };
+        let b = bias.unwrap_or(&self.zero);
+        let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
+        let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS));
+        rec.dispatch(&self.gemv_rows, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], m], cost)
     }
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · deq(W)ᵀ + b) (`norm` Some) or act(x[r] · deq(W)ᵀ + b)
@@ -733,7 +796,7 @@ impl Kernels {
         tokens: &Buffer,
         tok_off: u32,
         n_tok: u32,
-        emb: &F16Matrix,
+        emb: &F16Rows,
         pos: &Buffer,
         pos0: u32,
         x: &Buffer,

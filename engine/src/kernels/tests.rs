@@ -145,6 +145,65 @@ fn linear_ln_matches_reference() {
     run_linear_ln(&mut r, 2, 34, 39, false, true);
 }
 
+/// The row-major GEMV (gemv_rows.wgsl, the logits): against the reference, with and
+/// without the folded LayerNorm, and every row of an m-row call bit-identical to the row
+/// alone. X sits at an offset in a longer buffer (poison around it); K past 512 takes the
+/// kernel's loop, N not a multiple of the workgroup's 32 outputs its clamped rows.
+#[allow(clippy::too_many_arguments)]
+fn run_linear_rows(r: &mut StdRng, m: usize, n: usize, k: usize, with_norm: bool, bias: bool, gelu: bool, accumulate: bool) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
+    let gm = rand_vec(r, k, 1.0);
+    let bt = rand_vec(r, k, 0.5);
+    let w = f16_round(&rand_vec(r, n * k, 0.5));
+    let b = rand_vec(r, n, 0.5);
+    let y0 = rand_vec(r, m * n, 1.0);
+    let x_off = 5;
+    let mut xs = vec![f32::NAN; x_off + m * k + 7];
+    xs[x_off..x_off + m * k].copy_from_slice(&x);
+    let xb = g.upload_f32("x", &xs).unwrap();
+    let gb = g.upload_f32("gamma", &gm).unwrap();
+    let bb_ = g.upload_f32("beta", &bt).unwrap();
+    let wm = F16Rows::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let ep = Epilogue { gelu, accumulate };
+    let norm = || with_norm.then_some(NormArgs { gamma: &gb, beta: &bb_, eps: 1e-5 });
+    let run = |rows: std::ops::Range<usize>| -> Vec<f32> {
+        let mm = rows.len();
+        let yb = poisoned(mm * n);
+        if accumulate {
+            g.write(&yb, 0, bytemuck::cast_slice(&y0[rows.start * n..rows.end * n]));
+        }
+        let mut rec = g.recorder();
+        let xr = Rows::at(&xb, x_off + rows.start * k, k);
+        kern.linear_rows(&mut rec, xr, mm as u32, norm(), &wm, bias.then_some(&bb), Rows::new(&yb, n), ep).unwrap();
+        rec.submit(None).unwrap();
+        g.read_f32(&yb, 0, mm * n).unwrap()
+    };
+    let got = run(0..m);
+    let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
+    let mut want = ops::linear(&xn, m, k, &w, n, bias.then_some(&b[..]));
+    epilogue_ref(&mut want, gelu, accumulate, &y0);
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "linear_rows m={m} n={n} k={k} norm={with_norm}: rel err {e}");
+    for i in 0..m {
+        let lone = run(i..i + 1);
+        let same = lone.iter().zip(&got[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "linear_rows m={m} n={n} k={k}: row {i} differs from the row alone");
+    }
+}
+
+#[test]
+fn linear_rows_matches_reference_and_rows_equal_lone_rows() {
+    let mut r = rng("linear_rows");
+    run_linear_rows(&mut r, 1, 1003, 390, true, false, false, false);
+    run_linear_rows(&mut r, 3, 70, 46, false, true, false, true);
+    run_linear_rows(&mut r, 2, 37, 1030, true, true, true, false);
+    run_linear_rows(&mut r, 1, 33, 2, false, false, false, false);
+    run_linear_rows(&mut r, 4, 64, 512, true, false, false, false);
+}
+
 /// Weights of a per-row GEMV test: f16, or quantized in a block format.
 #[derive(Clone, Copy, Debug)]
 enum TestWeights {
@@ -379,6 +438,10 @@ fn attention_matches_reference() {
     run_attention(&mut r, 9, 9, 2, 100, Some(0));
     run_attention(&mut r, 3, 70, 4, 16, Some(67));
     run_attention(&mut r, 130, 131, 1, 8, Some(1));
+    // head_dim 64 (the coalesced key loads): split + merge with a causal horizon, and
+    // a split cut short by the keys.
+    run_attention(&mut r, 3, 300, 3, 64, Some(297));
+    run_attention(&mut r, 2, 530, 2, 64, None);
     // The tiled kernel (many queries): partial chunks, partial workgroups, causal.
     run_attention(&mut r, 70, 45, 3, 64, None);
     run_attention(&mut r, 67, 100, 2, 24, Some(33));
@@ -401,7 +464,7 @@ fn embed_matches_reference() {
     let emb = f16_round(&rand_vec(&mut r, vocab * d, 1.0));
     let pos = rand_vec(&mut r, ctx * d, 1.0);
     let tokens: Vec<u32> = (0..n_tok).map(|_| r.random_range(0..vocab as u32)).collect();
-    let em = F16Matrix::from_bits(g, "emb", &f16_bits(&emb), vocab, d).unwrap();
+    let em = F16Rows::from_bits(g, "emb", &f16_bits(&emb), vocab, d).unwrap();
     let pb = g.upload_f32("pos", &pos).unwrap();
     let xb = poisoned(n_tok * d);
     // The tokens from offset 2 of the buffer (a draft model keeps them by position).
@@ -685,10 +748,22 @@ fn coop_sources_are_valid_wgsl() {
     use wgpu::naga;
     // (and the kernel lab's probes of them)
     let lab = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/coop.wgsl"));
-    for src in [GEMM_COOP_SOURCE, lab] {
+    let gemm_direct = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/gemm_direct.wgsl"));
+    let attn = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/attn_coop.wgsl"));
+    let split = include_str!("../bin/kernel_lab/split_f16.wgsl");
+    let put4 = gemm_direct.replace(
+        "    emit(c00, d00, cb, lane, row0, col0);\n    emit(c01, d01, cb, lane, row0, col0 + 16u);\n    emit(c10, d10, cb, lane, row0 + 16u, col0);\n    emit(c11, d11, cb, lane, row0 + 16u, col0 + 16u);\n",
+        "    let blk = ((wg.y * (p.n / 64u) + wg.x) * 4u + sg) * 2048u;\n    put4(c00, c01, c10, c11, blk);\n    put4(d00, d01, d10, d11, blk + 1024u);\n",
+    );
+    for (i, src) in [GEMM_COOP_SOURCE, lab, gemm_direct, attn, split, put4.as_str()].into_iter().enumerate() {
+        eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        // and through naga's SPIR-V writer, as wgpu's Vulkan backend will (it has panicked on
+        // forms the validator takes)
+        let opts = naga::back::spv::Options::default();
+        naga::back::spv::write_vec(&module, &info, &opts, None).expect("SPIR-V");
     }
 }

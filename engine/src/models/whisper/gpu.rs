@@ -35,7 +35,7 @@ use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
 use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
-    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, Kernels, NormArgs, QMatrix,
+    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
     Rows, SelectParams, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
 };
 use crate::quant::block::{BlockFormat, BlockQuant};
@@ -64,7 +64,7 @@ const SCORE_ROWS: usize = if MAX_STEPS > MAX_VERIFY { MAX_STEPS } else { MAX_VER
 /// cache can be borrowed mutably beside them).
 struct DecBufs<'a> {
     tokens: &'a Buffer,
-    emb: &'a F16Matrix,
+    emb: &'a F16Rows,
     dec_pos: &'a Buffer,
     dec_x: &'a Buffer,
     dec_xn: &'a Buffer,
@@ -146,6 +146,8 @@ impl DecLinear {
 enum WRef<'a> {
     F16(&'a F16Matrix),
     Q(&'a QMatrix),
+    /// The row-major embedding table (the logits).
+    Rows(&'a F16Rows),
 }
 
 /// A linear layer as one pass records it: its weight (either kind) and bias.
@@ -272,7 +274,7 @@ pub struct GpuWhisper {
     enc_pos: Buffer,
     enc_layers: Vec<EncoderLayer>,
     enc_norm: Norm,
-    emb: F16Matrix,
+    emb: F16Rows,
     /// The logits projection under `--quant` (the tied embedding, quantized); None: `emb`.
     logits_q: Option<QMatrix>,
     dec_pos: Buffer,
@@ -345,12 +347,28 @@ fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
     if n * k * 2 > gpu.info.max_storage_binding as usize {
         return Err(Error::Unsupported(format!(
             "weight {name} ({} MB) exceeds the adapter's storage binding limit ({} MB)",
-            n * k * 2 >> 20,
+            (n * k * 2) >> 20,
             gpu.info.max_storage_binding >> 20
         )));
     }
     let bits = ck.f16_bits(name)?;
     F16Matrix::from_bits(gpu, name, &bits, n, k)
+}
+
+/// A checkpoint matrix as stored, row-major (the embedding table: see F16Rows).
+fn rows_matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Rows> {
+    let t = ck.tensor(name)?;
+    let n = t.dims[0];
+    let k: usize = t.dims[1..].iter().product();
+    if n * k * 2 > gpu.info.max_storage_binding as usize {
+        return Err(Error::Unsupported(format!(
+            "weight {name} ({} MB) exceeds the adapter's storage binding limit ({} MB)",
+            (n * k * 2) >> 20,
+            gpu.info.max_storage_binding >> 20
+        )));
+    }
+    let bits = ck.f16_bits(name)?;
+    F16Rows::from_bits(gpu, name, &bits, n, k)
 }
 
 /// A checkpoint matrix block-quantized (the weight's [n][k] f16 bits as stored).
@@ -453,7 +471,7 @@ impl GpuWhisper {
             enc_pos: g.upload_f32("encoder positions", &ck.f32("encoder/position_encodings/encodings")?)?,
             enc_layers,
             enc_norm: norm(g, ck, "encoder/layer_norm")?,
-            emb: matrix(g, ck, "decoder/embeddings/weight")?,
+            emb: rows_matrix(g, ck, "decoder/embeddings/weight")?,
             logits_q: match quant {
                 Some(f) => Some(qmatrix(g, ck, "decoder/embeddings/weight", f)?),
                 None => None,
@@ -797,11 +815,11 @@ impl GpuWhisper {
     fn main_views<'a>(
         dec_layers: &'a [DecoderLayer],
         logits_q: &'a Option<QMatrix>,
-        emb: &'a F16Matrix,
+        emb: &'a F16Rows,
     ) -> (Vec<LayerView<'a>>, WRef<'a>) {
         let logits_w = match logits_q {
             Some(q) => WRef::Q(q),
-            None => WRef::F16(emb),
+            None => WRef::Rows(emb),
         };
         (dec_layers.iter().map(DecoderLayer::view).collect(), logits_w)
     }
@@ -864,6 +882,7 @@ impl GpuWhisper {
         let lin_m = |rec: &mut Recorder, x: Rows, m: u32, norm: Option<&Norm>, w: WRef, bias: Option<&Buffer>, y: Rows, ep: Epilogue| -> Result<()> {
             match w {
                 WRef::Q(q) => k.linear_q(rec, x, m, norm.map(ln), q, bias, y, ep),
+                WRef::Rows(r) => k.linear_rows(rec, x, m, norm.map(ln), r, bias, y, ep),
                 WRef::F16(f) if per_row => k.linear_per_row(rec, x, m, norm.map(ln), f, bias, y, ep),
                 WRef::F16(f) => match norm {
                     Some(nm) => k.linear_ln(rec, x, m, ln(nm), b.dec_xn, f, bias, y, ep),

@@ -1,0 +1,82 @@
+// f32 activations into f16 hi/lo planes for the cooperative-matrix kernels that load their
+// operands straight from memory (gemm_direct.wgsl, attn_coop.wgsl): hi = x with the low 13
+// mantissa bits cleared (exactly an f16), lo = (x - hi) * 2^12, as gemm_coop.wgsl splits
+// in workgroup memory. Two halves per u32 word (pack2x16float), a thread per word.
+//
+// main_rows:  X [rows][cols] (x_off, x_stride) -> [2][rows_pad][cols] (hi plane, lo plane);
+//             rows past `rows` are zero, so consumers read whole 16-row tiles unchecked.
+// main_heads: a fused Q|K|V [rows][3 heads 64] -> [6][heads][rows_pad][64] (q hi, q lo,
+//             k hi, k lo, v hi, v lo), q multiplied by `scale`.
+
+struct Params {
+    rows: u32, cols: u32, rows_pad: u32, heads: u32,
+    x_off: u32, x_stride: u32, scale: f32, _p0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+
+const LO_SCALE: f32 = 4096.0;
+
+fn split_hi(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);
+}
+
+// (hi word, lo word) of the pair (a, b).
+fn split_pair(a: f32, b: f32) -> vec2<u32> {
+    let ha = split_hi(a);
+    let hb = split_hi(b);
+    return vec2<u32>(pack2x16float(vec2<f32>(ha, hb)),
+                     pack2x16float(vec2<f32>((a - ha) * LO_SCALE, (b - hb) * LO_SCALE)));
+}
+
+@compute @workgroup_size(256)
+fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * 32768u) * 256u + lid;
+    let half_cols = p.cols / 2u;
+    let plane = p.rows_pad * half_cols;
+    if (i >= plane) {
+        return;
+    }
+    let r = i / half_cols;
+    let c = 2u * (i % half_cols);
+    var a = 0.0;
+    var b = 0.0;
+    if (r < p.rows) {
+        let s = p.x_off + r * p.x_stride + c;
+        a = x[s];
+        b = x[s + 1u];
+    }
+    let w = split_pair(a, b);
+    out[i] = w.x;
+    out[plane + i] = w.y;
+}
+
+@compute @workgroup_size(256)
+fn main_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * 32768u) * 256u + lid;
+    let plane = p.heads * p.rows_pad * 32u; // words per plane
+    if (i >= 3u * plane) {
+        return;
+    }
+    let which = i / plane; // 0 q, 1 k, 2 v
+    let j = i % plane;
+    let dp = j % 32u;
+    let t = (j / 32u) % p.rows_pad;
+    let h = j / (32u * p.rows_pad);
+    var a = 0.0;
+    var b = 0.0;
+    if (t < p.rows) {
+        let s = p.x_off + t * p.x_stride + (which * p.heads + h) * 64u + 2u * dp;
+        a = x[s];
+        b = x[s + 1u];
+        if (which == 0u) {
+            a *= p.scale;
+            b *= p.scale;
+        }
+    }
+    let w = split_pair(a, b);
+    out[2u * which * plane + j] = w.x;
+    out[(2u * which + 1u) * plane + j] = w.y;
+}

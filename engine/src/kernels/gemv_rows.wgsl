@@ -1,0 +1,142 @@
+// GEMV over a row-major matrix: Y[m][n] (=|+=) act(sum_k X'[m][k] * W[n][k] + b[n]), W kept
+// as the checkpoint stores it, [N][K] with f16 pairs packed along K (K even). The decoder's
+// logits over the tied embedding table (51864 x d), which the embedding lookup reads by
+// row too (embed.wgsl). X' is X or, with flag 16, LayerNorm(X) (gemv_common.wgsl).
+//
+// Why not the k-major GEMV (gemv.wgsl): there a workgroup reads a strip of 64 columns,
+// 128-256 bytes from each of the K rows, 100 KB apart; with K = 384 the kernel lab's pure
+// read of that pattern reached a third of the copy ceiling on the H200 (51864 x 384:
+// 30 us, the GEMV 35 us in the lab and ~40-90 us inside a decode step). Here 32 threads
+// read one weight row at a time, 32 neighbouring words per load, and the matrix is read
+// front to back.
+//
+// A workgroup is 8 groups of 32 threads; group g takes RPG = 4 consecutive outputs. Thread
+// l of a group holds x' for words l, l + 32, ... (the LayerNorm applied once per element)
+// and accumulates its part of each of the 4 rows; the first round's weight words are
+// issued before the LayerNorm statistics so their latency overlaps them. The 32 parts of an
+// output are then summed in lane order by one thread through workgroup memory: the sum does
+// not depend on the number of activation rows (workgroup z is the row), so a verify pass
+// over k positions reproduces k single decode steps bit for bit.
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read> gamma: array<f32>;
+@group(0) @binding(5) var<storage, read> beta: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+
+const WG: u32 = 256u;
+const MAXM: u32 = 8u;
+const RPG: u32 = 4u; // outputs per group of 32 threads (GEMV_ROWS_PER_GROUP x 8 in mod.rs)
+const PS: u32 = 33u; // floats per output's 32 parts (+1: the summing threads hit distinct banks)
+
+var<workgroup> parts: array<f32, 1056>; // [8 groups x RPG outputs][PS]
+
+// Word wi of the group's 4 rows (rows past N read row N - 1; words past K/2 read 0).
+fn fetch(n0: u32, wi: u32, kw: u32) -> vec4<u32> {
+    if (wi >= kw) {
+        return vec4<u32>(0u);
+    }
+    let last = p.n - 1u;
+    return vec4<u32>(
+        w[min(n0, last) * kw + wi],
+        w[min(n0 + 1u, last) * kw + wi],
+        w[min(n0 + 2u, last) * kw + wi],
+        w[min(n0 + 3u, last) * kw + wi],
+    );
+}
+
+// acc[r] += x'[2 wi] w_r.lo + x'[2 wi + 1] w_r.hi for the 4 rows' words `ws`.
+fn accum(acc: vec4<f32>, ws: vec4<u32>, wi: u32, kw: u32, xb: u32) -> vec4<f32> {
+    if (wi >= kw) {
+        return acc;
+    }
+    let x0 = ln_apply(x[xb + 2u * wi], 0u, 2u * wi);
+    let x1 = ln_apply(x[xb + 2u * wi + 1u], 0u, 2u * wi + 1u);
+    let a = unpack2x16float(ws.x);
+    let b = unpack2x16float(ws.y);
+    let c = unpack2x16float(ws.z);
+    let d = unpack2x16float(ws.w);
+    return vec4<f32>(
+        fma(x1, a.y, fma(x0, a.x, acc.x)),
+        fma(x1, b.y, fma(x0, b.x, acc.y)),
+        fma(x1, c.y, fma(x0, c.x, acc.z)),
+        fma(x1, d.y, fma(x0, d.x, acc.w)),
+    );
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = lid / 32u;
+    let l = lid % 32u;
+    let row = wg.z;
+    let block = (wg.x + wg.y * 32768u) * 8u * RPG; // first output of the workgroup
+    let n0 = block + g * RPG;
+    let kw = p.k / 2u;
+    let xb = p.x_off + row * p.x_stride;
+    // The first round (words l + 32 i, i < 8: all of K up to 512) before the statistics.
+    let f0 = fetch(n0, l, kw);
+    let f1 = fetch(n0, l + 32u, kw);
+    let f2 = fetch(n0, l + 64u, kw);
+    let f3 = fetch(n0, l + 96u, kw);
+    let f4 = fetch(n0, l + 128u, kw);
+    let f5 = fetch(n0, l + 160u, kw);
+    let f6 = fetch(n0, l + 192u, kw);
+    let f7 = fetch(n0, l + 224u, kw);
+    if (ln_on()) {
+        ln_stats(xb, 0u, lid);
+        workgroupBarrier();
+    }
+    var acc = vec4<f32>(0.0);
+    acc = accum(acc, f0, l, kw, xb);
+    acc = accum(acc, f1, l + 32u, kw, xb);
+    acc = accum(acc, f2, l + 64u, kw, xb);
+    acc = accum(acc, f3, l + 96u, kw, xb);
+    acc = accum(acc, f4, l + 128u, kw, xb);
+    acc = accum(acc, f5, l + 160u, kw, xb);
+    acc = accum(acc, f6, l + 192u, kw, xb);
+    acc = accum(acc, f7, l + 224u, kw, xb);
+    // Longer rows (K > 512), eight words per round.
+    for (var w0 = 256u; w0 < kw; w0 += 256u) {
+        let h0 = fetch(n0, w0 + l, kw);
+        let h1 = fetch(n0, w0 + l + 32u, kw);
+        let h2 = fetch(n0, w0 + l + 64u, kw);
+        let h3 = fetch(n0, w0 + l + 96u, kw);
+        let h4 = fetch(n0, w0 + l + 128u, kw);
+        let h5 = fetch(n0, w0 + l + 160u, kw);
+        let h6 = fetch(n0, w0 + l + 192u, kw);
+        let h7 = fetch(n0, w0 + l + 224u, kw);
+        acc = accum(acc, h0, w0 + l, kw, xb);
+        acc = accum(acc, h1, w0 + l + 32u, kw, xb);
+        acc = accum(acc, h2, w0 + l + 64u, kw, xb);
+        acc = accum(acc, h3, w0 + l + 96u, kw, xb);
+        acc = accum(acc, h4, w0 + l + 128u, kw, xb);
+        acc = accum(acc, h5, w0 + l + 160u, kw, xb);
+        acc = accum(acc, h6, w0 + l + 192u, kw, xb);
+        acc = accum(acc, h7, w0 + l + 224u, kw, xb);
+    }
+    let pb = g * RPG * PS + l;
+    parts[pb] = acc.x;
+    parts[pb + PS] = acc.y;
+    parts[pb + 2u * PS] = acc.z;
+    parts[pb + 3u * PS] = acc.w;
+    workgroupBarrier();
+    let n = block + lid;
+    if (lid < 8u * RPG && n < p.n) {
+        var s = 0.0;
+        for (var i = 0u; i < 32u; i++) {
+            s += parts[lid * PS + i];
+        }
+        let o = p.y_off + row * p.y_stride + n;
+        var b = 0.0;
+        if ((p.flags & 1u) != 0u) {
+            b = bias[n];
+        }
+        var yo = 0.0;
+        if ((p.flags & 4u) != 0u) {
+            yo = y[o];
+        }
+        finish_pre(s, o, b, yo);
+    }
+}
