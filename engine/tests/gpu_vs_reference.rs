@@ -54,8 +54,10 @@ const TIE_GAP: f32 = 1e-3;
 
 // ---- Geometries --------------------------------------------------------------------------
 
-/// head_dim 16: the encoder's self-attention takes the tiled kernel. Odd audio_ctx (74 mel
-/// frames), 10 mels, three decoder layers, 300 ids with timestamps [260, 300).
+/// head_dim 16: the encoder's self-attention takes the tiled kernel. Odd audio_ctx (602 mel
+/// frames), more than one split of keys for the decoder's cross-attention (its output
+/// projection merges them), 10 mels, three decoder layers, 300 ids with timestamps
+/// [260, 300).
 const GEOM_A: Geometry = Geometry {
     dims: Dims {
         n_mels: 10,
@@ -65,7 +67,7 @@ const GEOM_A: Geometry = Geometry {
         decoder_layers: 3,
         ffn: 256,
         vocab: 300,
-        audio_ctx: 37,
+        audio_ctx: 301,
         text_ctx: 24,
     },
     eot: 250,
@@ -512,6 +514,17 @@ fn decoder_matches_reference_head_dim_16() {
     decoder_matches(GEOM_A, "decoder-A");
 }
 
+/// An odd vocabulary: the embedding table (logits and lookup) is row-major, packed along
+/// d, so any vocabulary size works (quantized logits still need an even one).
+#[test]
+fn decoder_matches_reference_odd_vocab() {
+    let geom = Geometry {
+        dims: Dims { vocab: 223, ..GEOM_B.dims },
+        ..GEOM_B
+    };
+    decoder_matches(geom, "decoder-odd-vocab");
+}
+
 #[test]
 fn decoder_matches_reference_head_dim_10() {
     decoder_matches(GEOM_B, "decoder-B");
@@ -874,18 +887,18 @@ fn errors_are_values() {
     p.begin_window(&mel);
     p.advance(&[6], &rules, "after the full window", &mut err);
 
-    // A geometry the kernels cannot pack (odd vocab: f16 pairs along output rows) is
+    // A geometry the kernels cannot pack (an odd FFN width: f16 pairs along output rows) is
     // refused at load with an error, not a panic or a wrong result.
     let odd = Geometry {
-        dims: Dims { vocab: 221, ..dims },
+        dims: Dims { ffn: 37, ..dims },
         ..geom
     };
-    let dir = TempDir::new("errors-odd-vocab");
+    let dir = TempDir::new("errors-odd-ffn");
     write_synthetic(&dir.0, &odd.dims, DType::F16, s).unwrap();
     let ck = Checkpoint::open(&dir.0).unwrap();
     match GpuWhisper::load(gpu(), &ck, odd.eot, odd.timestamp_begin) {
-        Err(e) => eprintln!("  odd vocab: {e}"),
-        Ok(_) => panic!("a model with an odd vocabulary loaded"),
+        Err(e) => eprintln!("  odd ffn: {e}"),
+        Ok(_) => panic!("a model with an odd FFN width loaded"),
     }
 }
 

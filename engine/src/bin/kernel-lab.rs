@@ -403,8 +403,9 @@ impl Variant {
         let s = self.shape;
         match (self.family, self.pure_read) {
             (_, true) => 0,
-            // red [KG][8][CP] vec2 + the LayerNorm scratch (256 + 16 floats).
-            (Family::Prod, _) => s.kg * 8 * s.cp * 8 + 272 * 4,
+            // red [KG][8][CP] vec2 + the LayerNorm scratch (256 + 16 floats) + the attention
+            // merge's weights and row (128 + 1280 floats).
+            (Family::Prod, _) => s.kg * 8 * s.cp * 8 + (272 + 1408) * 4,
             (Family::Template, _) => s.kg * s.cp * s.wpt * 8,
         }
     }
@@ -1422,6 +1423,50 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
 /// The block-quantized GEMVs (q8_0, q4_0) at M = 1, as shipped (16 columns x 16 K
 /// slices) and wide (64 x 4, what matrices of 8 MiB or more take), each checked against
 /// the CPU product with the dequantized weights before it is timed.
+/// The row-major GEMV (kernels/gemv_rows.wgsl, the decoder's logits) on the same shape,
+/// its matrix stored [N][K] as the embedding table is: 32 threads per weight row.
+fn gemv_rows_row(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Row> {
+    let gpu = lab.gpu;
+    let (nu, ku) = (n as usize, k as usize);
+    let mut st = 0x0dd_5eed_u64;
+    let wbits: Vec<u16> = (0..nu * ku).map(|_| half::f16::from_f32(unit(&mut st)).to_bits()).collect();
+    let x: Vec<f32> = (0..ku).map(|_| unit(&mut st)).collect();
+    let reference: Vec<f64> = wbits
+        .chunks_exact(ku)
+        .map(|row| row.iter().zip(&x).map(|(b, xv)| half::f16::from_bits(*b).to_f64() * *xv as f64).sum())
+        .collect();
+    let xb = gpu.upload_f32("lab gemv_rows x", &x)?;
+    let wb = gpu.upload("lab gemv_rows w", bytemuck::cast_slice(&wbits))?;
+    let zero = gpu.buffer("lab gemv_rows zero", 16)?;
+    let params = lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
+    let ys = (0..reps).map(|_| gpu.buffer("lab gemv_rows y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
+    let mut row = Row::new(Section::Gemv, "gemv_rows", "kernels/gemv_rows.wgsl: W row-major, 32 threads a row");
+    row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
+    eprintln!("  gemv_rows");
+    let r = Access::Read;
+    let kernel = gpu.kernel("lab.gemv_rows", engine::kernels::GEMV_ROWS_SOURCE, &[r, r, r, r, r, Access::ReadWrite])?;
+    let g = grid(n.div_ceil(32) as u64);
+    let binds: Vec<wgpu::BindGroup> =
+        ys.iter().map(|y| lab.bind(&kernel, &params, &[&xb, &wb, &zero, &zero, &zero, y])).collect();
+    gpu.fill_u32(&ys[0], 0x7fc0_0000);
+    lab.run_once(&kernel, &binds[0], g)?;
+    let got = gpu.read_f32(&ys[0], 0, nu)?;
+    let (mut num, mut den) = (0f64, 0f64);
+    for (a, r) in got.iter().zip(&reference) {
+        num += (*a as f64 - r).powi(2);
+        den += r * r;
+    }
+    let rel = (num / den).sqrt();
+    if !rel.is_finite() || rel > REL_BOUND {
+        row.check = format!("WRONG rel {rel:.1e}");
+        return Ok(row);
+    }
+    row.check = format!("ok {rel:.0e}");
+    row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
+    row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
+    Ok(row)
+}
+
 fn gemv_q_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
     use engine::quant::block::{BlockFormat, BlockQuant};
     let gpu = lab.gpu;
@@ -1677,6 +1722,8 @@ fn run(args: &Args) -> LabResult<()> {
         rows.push(gemv_row(&lab, &data, v, args.reps, sg_min)?);
     }
     drop(data);
+    eprintln!("row-major gemv");
+    rows.push(gemv_rows_row(&lab, args.n, args.k, args.reps)?);
     eprintln!("quantized gemv");
     rows.extend(gemv_q_rows(&lab, args.n, args.k, args.reps)?);
 

@@ -22,7 +22,9 @@
 // near tie could choose another token than plain greedy decoding. (`main` sums in another
 // order and is only for prompts.)
 // flags as gemm.wgsl: 1 bias, 2 GELU (gelu.wgsl is prepended), 4 accumulate; 16 LayerNorm
-// (gemv_common.wgsl, prepended too, has the folded norm and the epilogue).
+// (gemv_common.wgsl, prepended too, has the folded norm and the epilogue); 32 (main_m1
+// only) X is attention.wgsl's split partials of this row, merged here as main_merge would
+// (the cross-attention's output projection: one dispatch less per layer and step).
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -38,6 +40,70 @@ const KG: u32 = 32u;
 const WG: u32 = 256u; // CP * KG
 
 var<workgroup> red: array<vec2<f32>, 2048>; // [KG][MAXM][CP]
+// Flag 32: each (head, split)'s weight exp(m_s - max) / l, and the merged row.
+const MAXK_MERGE: u32 = 1280u; // d_model (GEMV_MERGE_MAX_K in mod.rs)
+const NEG: f32 = -3.0e38;
+var<workgroup> mw: array<f32, 128>; // [heads][splits] (GEMV_MERGE_MAX_PARTS)
+var<workgroup> xm: array<f32, MAXK_MERGE>;
+
+fn merge_on() -> bool {
+    return (p.flags & 32u) != 0u;
+}
+
+// Flag 32: the attention output row `row` (K = heads x merge_hd values) from the partials
+// (m, l, sum of p v) at ((row heads + h) splits + s) (merge_hd + 2), into `xm`: the
+// splits' weights first (one thread per head), then the weighted sums, four splits' loads
+// issued together.
+fn merge_row(row: u32, lid: u32) {
+    let ns = p.merge_splits;
+    let hd = p.merge_hd;
+    let ps = hd + 2u;
+    let heads = p.k / hd;
+    if (lid < heads) {
+        let base = p.x_off + (row * heads + lid) * ns * ps;
+        var mx = NEG;
+        for (var s = 0u; s < ns; s++) {
+            mx = max(mx, x[base + s * ps]);
+        }
+        var l = 0.0;
+        for (var s = 0u; s < ns; s++) {
+            let ls = x[base + s * ps + 1u];
+            if (ls > 0.0) {
+                l += ls * exp(x[base + s * ps] - mx);
+            }
+        }
+        for (var s = 0u; s < ns; s++) {
+            var wgt = 0.0;
+            if (x[base + s * ps + 1u] > 0.0) {
+                wgt = exp(x[base + s * ps] - mx) / l;
+            }
+            mw[lid * ns + s] = wgt;
+        }
+    }
+    workgroupBarrier();
+    for (var k = lid; k < p.k; k += WG) {
+        let h = k / hd;
+        let b = p.x_off + (row * heads + h) * ns * ps + 2u + k % hd;
+        let wb = h * ns;
+        var v = 0.0;
+        var s = 0u;
+        for (; s + 4u <= ns; s += 4u) {
+            let a0 = x[b + s * ps];
+            let a1 = x[b + (s + 1u) * ps];
+            let a2 = x[b + (s + 2u) * ps];
+            let a3 = x[b + (s + 3u) * ps];
+            v = fma(mw[wb + s], a0, v);
+            v = fma(mw[wb + s + 1u], a1, v);
+            v = fma(mw[wb + s + 2u], a2, v);
+            v = fma(mw[wb + s + 3u], a3, v);
+        }
+        for (; s < ns; s++) {
+            v = fma(mw[wb + s], x[b + s * ps], v);
+        }
+        xm[k] = v;
+    }
+    workgroupBarrier();
+}
 
 fn finish(v0: f32, n: u32, mi: u32) {
     var v = v0;
@@ -62,8 +128,11 @@ fn row_stats(m0: u32, m1: u32, lid: u32) {
     workgroupBarrier();
 }
 
-// Element k of row mi of X' (normalised when flag 16 is set).
+// Element k of row mi of X' (normalised when flag 16 is set; main_m1's merged row with 32).
 fn xv(mi: u32, k: u32) -> f32 {
+    if (merge_on()) {
+        return xm[k];
+    }
     return ln_apply(x[p.x_off + mi * p.x_stride + k], mi, k);
 }
 
@@ -168,6 +237,9 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     }
     if (ln_on()) {
         row_stats(row, row + 1u, kg * CP + li.x);
+    }
+    if (merge_on()) {
+        merge_row(row, kg * CP + li.x);
     }
     var a = vec2<f32>(0.0, 0.0);
     var b = vec2<f32>(0.0, 0.0);

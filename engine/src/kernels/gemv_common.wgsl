@@ -8,7 +8,10 @@
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
     x_off: u32, x_stride: u32, y_off: u32, y_stride: u32,
-    eps: f32, _p0: u32, _p1: u32, _p2: u32,
+    eps: f32,
+    // gemv.wgsl flag 32 only: X is the split attention's partials, `merge_splits` splits of
+    // heads of `merge_hd` (see gemv.wgsl)
+    merge_splits: u32, merge_hd: u32, _p2: u32,
 }
 
 var<workgroup> rs: array<f32, 256>;

@@ -108,6 +108,11 @@ const GEMM_FLAG_ACCUMULATE: u32 = 4;
 const GEMM_FLAG_CONV: u32 = 8;
 /// GEMV only: LayerNorm the input rows first (gemv.wgsl).
 const GEMV_FLAG_LAYERNORM: u32 = 16;
+/// GEMV (main_m1) only: the input is the split attention's partials, merged on the way in.
+const GEMV_FLAG_MERGE: u32 = 32;
+/// Limits of that merge (gemv.wgsl's workgroup arrays): the row's width, heads x splits.
+const GEMV_MERGE_MAX_K: u32 = 1280;
+const GEMV_MERGE_MAX_PARTS: u32 = 128;
 
 /// Split a 1-D count of workgroups into an (x, y) grid the kernels fold back with
 /// `x + y * 32768` (the per-dimension limit is 65535).
@@ -264,7 +269,9 @@ struct GemvParams {
     y_off: u32,
     y_stride: u32,
     eps: f32,
-    _pad: [u32; 3],
+    merge_splits: u32,
+    merge_hd: u32,
+    _pad: u32,
 }
 
 impl GemvParams {
@@ -285,7 +292,9 @@ impl GemvParams {
             y_off: y.off,
             y_stride: y.stride,
             eps: norm.map_or(0.0, |n| n.eps),
-            _pad: [0; 3],
+            merge_splits: 0,
+            merge_hd: 0,
+            _pad: 0,
         }
     }
 }
@@ -778,6 +787,70 @@ impl Kernels {
             return rec.dispatch(&self.attention_merge, p, &[part, a.k.buf, a.v.buf, a.out.buf], [a.tq, a.heads, 1], merge_cost);
         }
         self.attention_chunked(rec, a)
+    }
+
+    /// [`Kernels::attention`], but where it would run the split kernel and then the merge,
+    /// only the split: the partials stay in the kernels' buffer for
+    /// [`Kernels::linear_merged`] (the output projection merges them as it reads its input)
+    /// and the split count is returned. None: the attention was recorded whole into
+    /// `a.out`.
+    pub fn attention_unmerged(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<Option<u32>> {
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
+        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
+        let fits = a.tq <= ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS)
+            && n_splits > 1
+            && partials <= ATTENTION_PARTIALS_FLOATS
+            && a.heads * n_splits <= GEMV_MERGE_MAX_PARTS
+            && a.heads * a.head_dim <= GEMV_MERGE_MAX_K;
+        if !fits {
+            self.attention(rec, a)?;
+            return Ok(None);
+        }
+        let (params, cost) = attention_params(a)?;
+        let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
+        let bufs = [a.q.buf, a.k.buf, a.v.buf, &self.attention_partials];
+        rec.dispatch(&self.attention_split, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, n_splits], split_cost)?;
+        Ok(Some(n_splits))
+    }
+
+    /// y[r] (=|+=) act(attn[r] · Wᵀ + b) for the `m` query rows whose attention
+    /// [`Kernels::attention_unmerged`] left as `n_splits` partials of `heads` heads of
+    /// `head_dim`: the M = 1 GEMV per row (bit-identical to a lone row), merging each row
+    /// into workgroup memory first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_merged(
+        &self,
+        rec: &mut Recorder,
+        m: u32,
+        heads: u32,
+        head_dim: u32,
+        n_splits: u32,
+        w: &F16Matrix,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        if m == 0 || m > GEMV_MAX_ROWS || heads * head_dim != w.k || heads * n_splits > GEMV_MERGE_MAX_PARTS || w.k > GEMV_MERGE_MAX_K {
+            return Err(Error::Invalid(format!(
+                "linear_merged: {m} rows of {heads} heads x {head_dim} in {n_splits} splits for a width of {}",
+                w.k
+            )));
+        }
+        let part = Rows::new(&self.attention_partials, 0);
+        let mut params = GemvParams::new(part, m, w.n, w.k, None, bias.is_some(), y, ep);
+        params.flags |= GEMV_FLAG_MERGE;
+        params.merge_splits = n_splits;
+        params.merge_hd = head_dim;
+        let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
+        cost.bytes += m as u64 * heads as u64 * n_splits as u64 * (head_dim as u64 + 2) * 4;
+        let b = bias.unwrap_or(&self.zero);
+        let (kernel, cp) = if w.bytes() >= GEMV_WIDE_MIN_BYTES {
+            (&self.gemv_m1_wide, GEMV_WIDE_COLUMN_PAIRS)
+        } else {
+            (&self.gemv_m1, GEMV_COLUMN_PAIRS)
+        };
+        let g = grid_1d((w.n / 2).div_ceil(cp));
+        rec.dispatch(kernel, bytemuck::bytes_of(&params), &[part.buf, &w.buf, b, &self.zero, &self.zero, y.buf], [g[0], g[1], m], cost)
     }
 
     /// The general fallback: one workgroup per (query, head), keys in chunks of 64 with an

@@ -455,6 +455,95 @@ fn attention_matches_reference() {
     run_attention_with(&mut r, 20, 70, 3, 36, None, true);
 }
 
+/// Cross-attention whose key splits the output projection merges (`attention_unmerged`,
+/// then `linear_merged`): against attention + linear on the CPU, and each row bit-identical
+/// to the same query alone (a verify pass against single steps).
+#[allow(clippy::too_many_arguments)]
+fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: usize, bias: bool, accumulate: bool) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let hd = heads * d;
+    let q = rand_vec(r, tq * hd, 1.0);
+    let k = rand_vec(r, tk * hd, 1.0);
+    let v = rand_vec(r, tk * hd, 1.0);
+    let mut kv = vec![0.0f32; tk * 2 * hd];
+    for j in 0..tk {
+        kv[j * 2 * hd..j * 2 * hd + hd].copy_from_slice(&k[j * hd..(j + 1) * hd]);
+        kv[j * 2 * hd + hd..(j + 1) * 2 * hd].copy_from_slice(&v[j * hd..(j + 1) * hd]);
+    }
+    let w = f16_round(&rand_vec(r, n * hd, 0.5));
+    let b = rand_vec(r, n, 0.5);
+    let y0 = rand_vec(r, tq * n, 1.0);
+    let qb = g.upload_f32("q", &q).unwrap();
+    let kvb = g.upload_f32("kv", &kv).unwrap();
+    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, hd).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let unused = poisoned(tq * hd);
+    let ep = Epilogue { gelu: false, accumulate };
+    let run = |rows: std::ops::Range<usize>| -> Vec<f32> {
+        let m = rows.len();
+        let yb = poisoned(m * n);
+        if accumulate {
+            g.write(&yb, 0, bytemuck::cast_slice(&y0[rows.start * n..rows.end * n]));
+        }
+        let mut rec = g.recorder();
+        let args = AttentionArgs {
+            q: Rows::at(&qb, rows.start * hd, hd),
+            k: Rows::at(&kvb, 0, 2 * hd),
+            v: Rows::at(&kvb, hd, 2 * hd),
+            out: Rows::new(&unused, hd),
+            tq: m as u32,
+            tk: tk as u32,
+            heads: heads as u32,
+            head_dim: d as u32,
+            causal: None,
+        };
+        let splits = kern.attention_unmerged(&mut rec, &args).unwrap().expect("left unmerged");
+        kern.linear_merged(&mut rec, m as u32, heads as u32, d as u32, splits, &wm, bias.then_some(&bb), Rows::new(&yb, n), ep)
+            .unwrap();
+        rec.submit(None).unwrap();
+        g.read_f32(&yb, 0, m * n).unwrap()
+    };
+    let got = run(0..tq);
+    let att = ops::attention(&q, &k, &v, tq, tk, heads, d, None);
+    let mut want = ops::linear(&att, tq, hd, &w, n, bias.then_some(&b[..]));
+    epilogue_ref(&mut want, false, accumulate, &y0);
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "merged attention tq={tq} tk={tk} h={heads} d={d} n={n}: rel err {e}");
+    for i in 0..tq {
+        let lone = run(i..i + 1);
+        let same = lone.iter().zip(&got[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "merged attention: row {i} of {tq} differs from the query alone");
+    }
+}
+
+#[test]
+fn attention_merged_into_the_projection_matches_reference() {
+    let mut r = rng("attention_merged");
+    run_merged(&mut r, 1, 1500, 6, 64, 384, true, true);
+    run_merged(&mut r, 3, 530, 2, 20, 46, false, false);
+    run_merged(&mut r, 8, 300, 4, 16, 66, true, false);
+    // A projection over 8 MiB takes the wide GEMV.
+    run_merged(&mut r, 2, 700, 20, 64, 4098, false, true);
+    // Keys in one split: nothing to merge, the attention runs whole.
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let buf = poisoned(64 * 6);
+    let mut rec = g.recorder();
+    let args = AttentionArgs {
+        q: Rows::new(&buf, 64),
+        k: Rows::new(&buf, 64),
+        v: Rows::new(&buf, 64),
+        out: Rows::new(&buf, 64),
+        tq: 1,
+        tk: 100,
+        heads: 1,
+        head_dim: 64,
+        causal: None,
+    };
+    assert_eq!(kern.attention_unmerged(&mut rec, &args).unwrap(), None);
+}
+
 #[test]
 fn embed_matches_reference() {
     let mut r = rng("embed");

@@ -919,21 +919,30 @@ impl GpuWhisper {
             lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
             let q = Rows::new(b.dec_q, d);
             lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
-            k.attention(
-                rec,
-                &AttentionArgs {
-                    q,
-                    k: Rows::at(l.enc_kv, 0, 2 * d),
-                    v: Rows::at(l.enc_kv, d, 2 * d),
-                    out: Rows::new(b.dec_attn, d),
-                    tq: m,
-                    tk: dims.audio_ctx as u32,
-                    heads,
-                    head_dim: hd,
-                    causal: None,
-                },
-            )?;
-            lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?;
+            let cross = AttentionArgs {
+                q,
+                k: Rows::at(l.enc_kv, 0, 2 * d),
+                v: Rows::at(l.enc_kv, d, 2 * d),
+                out: Rows::new(b.dec_attn, d),
+                tq: m,
+                tk: dims.audio_ctx as u32,
+                heads,
+                head_dim: hd,
+                causal: None,
+            };
+            // f16 weights: the output projection merges the attention's key splits itself
+            // (one dispatch less); quantized ones take the merged output.
+            let merged = match l.cross_out.w {
+                WRef::F16(_) => k.attention_unmerged(rec, &cross)?,
+                _ => {
+                    k.attention(rec, &cross)?;
+                    None
+                }
+            };
+            match (merged, l.cross_out.w) {
+                (Some(splits), WRef::F16(w)) => k.linear_merged(rec, m, heads, hd, splits, w, Some(l.cross_out.b), x, acc)?,
+                _ => lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?,
+            }
             let h = Rows::new(b.dec_h, dims.ffn);
             lin(rec, x, Some(l.ffn_norm), l.fc1, h, gelu)?;
             lin(rec, h, None, l.fc2, x, acc)?;
