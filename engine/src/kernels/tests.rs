@@ -202,6 +202,9 @@ fn linear_rows_matches_reference_and_rows_equal_lone_rows() {
     run_linear_rows(&mut r, 2, 37, 1030, true, true, true, false);
     run_linear_rows(&mut r, 1, 33, 2, false, false, false, false);
     run_linear_rows(&mut r, 4, 64, 512, true, false, false, false);
+    // Eight rows share a workgroup (the matrix read once); more take a second layer.
+    run_linear_rows(&mut r, 8, 99, 384, true, true, false, false);
+    run_linear_rows(&mut r, 11, 65, 70, true, false, false, true);
 }
 
 /// Weights of a per-row GEMV test: f16, or quantized in a block format.
