@@ -1414,12 +1414,7 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
         row.check = "ceiling".into();
     } else {
         let got = gpu.read_f32(&d.ys[0], 0, d.n as usize)?;
-        let (mut num, mut den) = (0f64, 0f64);
-        for (a, r) in got.iter().zip(&d.reference) {
-            num += (*a as f64 - r).powi(2);
-            den += r * r;
-        }
-        let rel = (num / den).sqrt();
+        let rel = rel_to(&got, &d.reference);
         if !rel.is_finite() || rel > REL_BOUND {
             let nan = got.iter().filter(|a| !a.is_finite()).count();
             row.check = format!("WRONG rel {rel:.1e}, {nan} unwritten/NaN");
@@ -1435,6 +1430,16 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
 /// The block-quantized GEMVs (q8_0, q4_0) at M = 1, as shipped (16 columns x 16 K
 /// slices) and wide (64 x 4, what matrices of 8 MiB or more take), each checked against
 /// the CPU product with the dequantized weights before it is timed.
+/// ‖got − reference‖ / ‖reference‖ of a GEMV's output.
+fn rel_to(got: &[f32], reference: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (a, r) in got.iter().zip(reference) {
+        num += (*a as f64 - r).powi(2);
+        den += r * r;
+    }
+    (num / den).sqrt()
+}
+
 /// The row-major GEMV (kernels/gemv_rows.wgsl, the decoder's logits) on the same shape,
 /// its matrix stored [N][K] as the embedding table is: 32 threads per weight row.
 fn gemv_rows_row(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Row> {
@@ -1463,12 +1468,7 @@ fn gemv_rows_row(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Row> {
     gpu.fill_u32(&ys[0], 0x7fc0_0000);
     lab.run_once(&kernel, &binds[0], g)?;
     let got = gpu.read_f32(&ys[0], 0, nu)?;
-    let (mut num, mut den) = (0f64, 0f64);
-    for (a, r) in got.iter().zip(&reference) {
-        num += (*a as f64 - r).powi(2);
-        den += r * r;
-    }
-    let rel = (num / den).sqrt();
+    let rel = rel_to(&got, &reference);
     if !rel.is_finite() || rel > REL_BOUND {
         row.check = format!("WRONG rel {rel:.1e}");
         return Ok(row);
@@ -1529,12 +1529,7 @@ fn gemv_q_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
             gpu.fill_u32(&ys[0], 0x7fc0_0000);
             lab.run_once(&kernel, &binds[0], g)?;
             let got = gpu.read_f32(&ys[0], 0, nu)?;
-            let (mut num, mut den) = (0f64, 0f64);
-            for (a, r) in got.iter().zip(&reference) {
-                num += (*a as f64 - r).powi(2);
-                den += r * r;
-            }
-            let rel = (num / den).sqrt();
+            let rel = rel_to(&got, &reference);
             if !rel.is_finite() || rel > REL_BOUND {
                 row.check = format!("WRONG rel {rel:.1e}");
                 rows.push(row);

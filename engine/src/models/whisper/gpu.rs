@@ -340,7 +340,9 @@ fn norm(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Norm> {
     })
 }
 
-fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
+/// A checkpoint matrix's f16 bits as stored ([n][k], k the product of the trailing
+/// dimensions), refused if it would not fit one storage binding.
+fn matrix_bits<'c>(gpu: &Gpu, ck: &'c Checkpoint, name: &str) -> Result<(std::borrow::Cow<'c, [u16]>, usize, usize)> {
     let t = ck.tensor(name)?;
     let n = t.dims[0];
     let k: usize = t.dims[1..].iter().product();
@@ -351,23 +353,17 @@ fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
             gpu.info.max_storage_binding >> 20
         )));
     }
-    let bits = ck.f16_bits(name)?;
+    Ok((ck.f16_bits(name)?, n, k))
+}
+
+fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
+    let (bits, n, k) = matrix_bits(gpu, ck, name)?;
     F16Matrix::from_bits(gpu, name, &bits, n, k)
 }
 
 /// A checkpoint matrix as stored, row-major (the embedding table: see F16Rows).
 fn rows_matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Rows> {
-    let t = ck.tensor(name)?;
-    let n = t.dims[0];
-    let k: usize = t.dims[1..].iter().product();
-    if n * k * 2 > gpu.info.max_storage_binding as usize {
-        return Err(Error::Unsupported(format!(
-            "weight {name} ({} MB) exceeds the adapter's storage binding limit ({} MB)",
-            (n * k * 2) >> 20,
-            gpu.info.max_storage_binding >> 20
-        )));
-    }
-    let bits = ck.f16_bits(name)?;
+    let (bits, n, k) = matrix_bits(gpu, ck, name)?;
     F16Rows::from_bits(gpu, name, &bits, n, k)
 }
 
