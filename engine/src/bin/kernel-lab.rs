@@ -880,6 +880,20 @@ fn tflops(flops: f64, t: Timing) -> String {
     format!("{:.1} TFLOP/s", flops / t.best / 1e12)
 }
 
+/// A GEMM's inputs for the lab: X [m][k] in [-1, 1), W f16 [k][n] (the engine's layout),
+/// a bias, and the output Y [m][n].
+fn gemm_inputs(gpu: &Gpu, m: u32, n: u32, kk: u32, seed: &mut u64) -> LabResult<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer, wgpu::Buffer)> {
+    let x: Vec<f32> = (0..m as usize * kk as usize).map(|_| unit(seed) * 2.0 - 1.0).collect();
+    let w: Vec<u16> = (0..n as usize * kk as usize).map(|_| half::f16::from_f32(unit(seed) - 0.5).to_bits()).collect();
+    let bias: Vec<f32> = (0..n).map(|_| unit(seed)).collect();
+    Ok((
+        gpu.upload_f32("lab gemm x", &x)?,
+        gpu.upload("lab gemm w", bytemuck::cast_slice(&w))?,
+        gpu.upload_f32("lab gemm b", &bias)?,
+        gpu.buffer("lab gemm y", m as u64 * n as u64 * 4)?,
+    ))
+}
+
 /// The tensor cores' ceilings (kernel_lab/coop.wgsl), then the shipped encoder GEMM
 /// (gemm_coop.wgsl) on tiny.en's two MLP shapes beside the CUDA-core GEMM, and rewrites of
 /// it that each remove one part (the lo products, all products, the global loads), so its
@@ -956,14 +970,7 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
     ];
     let mut seed = 0x5eedu64;
     for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536)] {
-        let x: Vec<f32> = (0..m as usize * kk as usize).map(|_| unit(&mut seed) * 2.0 - 1.0).collect();
-        let w: Vec<u16> =
-            (0..n as usize * kk as usize).map(|_| half::f16::from_f32(unit(&mut seed) - 0.5).to_bits()).collect();
-        let bias: Vec<f32> = (0..n).map(|_| unit(&mut seed)).collect();
-        let xb = gpu.upload_f32("lab gemm x", &x)?;
-        let wb = gpu.upload("lab gemm w", bytemuck::cast_slice(&w))?;
-        let bb = gpu.upload_f32("lab gemm b", &bias)?;
-        let yb = gpu.buffer("lab gemm y", m as u64 * n as u64 * 4)?;
+        let (xb, wb, bb, yb) = gemm_inputs(gpu, m, n, kk, &mut seed)?;
         // m n k flags(bias) x_off x_stride y_off y_stride conv*4
         let params = lab.uniform(&[m, n, kk, 1, 0, kk, 0, n, 0, 0, 0, 0]);
         let flops = 2.0 * m as f64 * n as f64 * kk as f64;
@@ -991,16 +998,7 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
             let got = gpu.read_f32(&yb, 0, (m * n) as usize)?;
             let check = match (&reference, *name) {
                 (None, _) => "reference".to_string(),
-                (Some(r), _) if !name.contains(".no_") => {
-                    let num: f64 = got.iter().zip(r).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
-                    let den: f64 = r.iter().map(|b| (*b as f64).powi(2)).sum();
-                    let e = (num / den).sqrt();
-                    if e.is_nan() || e > 1e-5 {
-                        format!("WRONG rel err {e:.1e}")
-                    } else {
-                        format!("ok ({e:.0e})")
-                    }
-                }
+                (Some(r), _) if !name.contains(".no_") => rel_check(&got, r),
                 _ => "timing only".to_string(),
             };
             if reference.is_none() {
@@ -1184,14 +1182,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool) -> LabResult<Vec<Row>> {
     for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536), (1500, 1152, 384)] {
         eprintln!("  direct GEMM {m}x{n}x{kk}");
         let m_pad = m.div_ceil(64) * 64;
-        let x: Vec<f32> = (0..m as usize * kk as usize).map(|_| unit(&mut seed) * 2.0 - 1.0).collect();
-        let wv: Vec<u16> =
-            (0..n as usize * kk as usize).map(|_| half::f16::from_f32(unit(&mut seed) - 0.5).to_bits()).collect();
-        let bias: Vec<f32> = (0..n).map(|_| unit(&mut seed)).collect();
-        let xb = gpu.upload_f32("lab gemm x", &x)?;
-        let wb = gpu.upload("lab gemm w", bytemuck::cast_slice(&wv))?;
-        let bb = gpu.upload_f32("lab gemm b", &bias)?;
-        let yb = gpu.buffer("lab gemm y", m as u64 * n as u64 * 4)?;
+        let (xb, wb, bb, yb) = gemm_inputs(gpu, m, n, kk, &mut seed)?;
         let planes = gpu.buffer("lab planes", 2 * m_pad as u64 * kk as u64 * 2)?;
         let params = lab.uniform(&[m, n, kk, 1, 0, kk, 0, n, 0, 0, 0, 0]);
         let flops = 2.0 * m as f64 * n as f64 * kk as f64;

@@ -145,66 +145,18 @@ fn linear_ln_matches_reference() {
     run_linear_ln(&mut r, 2, 34, 39, false, true);
 }
 
-/// The row-major GEMV (gemv_rows.wgsl, the logits): against the reference, with and
-/// without the folded LayerNorm, and every row of an m-row call bit-identical to the row
-/// alone. X sits at an offset in a longer buffer (poison around it); K past 512 takes the
-/// kernel's loop, N not a multiple of the workgroup's 32 outputs its clamped rows.
-#[allow(clippy::too_many_arguments)]
-fn run_linear_rows(r: &mut StdRng, m: usize, n: usize, k: usize, with_norm: bool, bias: bool, gelu: bool, accumulate: bool) {
-    let g = gpu();
-    let kern = Kernels::load(g).unwrap();
-    let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
-    let gm = rand_vec(r, k, 1.0);
-    let bt = rand_vec(r, k, 0.5);
-    let w = f16_round(&rand_vec(r, n * k, 0.5));
-    let b = rand_vec(r, n, 0.5);
-    let y0 = rand_vec(r, m * n, 1.0);
-    let x_off = 5;
-    let mut xs = vec![f32::NAN; x_off + m * k + 7];
-    xs[x_off..x_off + m * k].copy_from_slice(&x);
-    let xb = g.upload_f32("x", &xs).unwrap();
-    let gb = g.upload_f32("gamma", &gm).unwrap();
-    let bb_ = g.upload_f32("beta", &bt).unwrap();
-    let wm = F16Rows::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
-    let bb = g.upload_f32("b", &b).unwrap();
-    let ep = Epilogue { gelu, accumulate };
-    let norm = || with_norm.then_some(NormArgs { gamma: &gb, beta: &bb_, eps: 1e-5 });
-    let run = |rows: std::ops::Range<usize>| -> Vec<f32> {
-        let mm = rows.len();
-        let yb = poisoned(mm * n);
-        if accumulate {
-            g.write(&yb, 0, bytemuck::cast_slice(&y0[rows.start * n..rows.end * n]));
-        }
-        let mut rec = g.recorder();
-        let xr = Rows::at(&xb, x_off + rows.start * k, k);
-        kern.linear_rows(&mut rec, xr, mm as u32, norm(), &wm, bias.then_some(&bb), Rows::new(&yb, n), ep).unwrap();
-        rec.submit(None).unwrap();
-        g.read_f32(&yb, 0, mm * n).unwrap()
-    };
-    let got = run(0..m);
-    let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
-    let mut want = ops::linear(&xn, m, k, &w, n, bias.then_some(&b[..]));
-    epilogue_ref(&mut want, gelu, accumulate, &y0);
-    let e = rel_err(&got, &want);
-    assert!(e < 1e-5, "linear_rows m={m} n={n} k={k} norm={with_norm}: rel err {e}");
-    for i in 0..m {
-        let lone = run(i..i + 1);
-        let same = lone.iter().zip(&got[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "linear_rows m={m} n={n} k={k}: row {i} differs from the row alone");
-    }
-}
-
 #[test]
 fn linear_rows_matches_reference_and_rows_equal_lone_rows() {
     let mut r = rng("linear_rows");
-    run_linear_rows(&mut r, 1, 1003, 390, true, false, false, false);
-    run_linear_rows(&mut r, 3, 70, 46, false, true, false, true);
-    run_linear_rows(&mut r, 2, 37, 1030, true, true, true, false);
-    run_linear_rows(&mut r, 1, 33, 2, false, false, false, false);
-    run_linear_rows(&mut r, 4, 64, 512, true, false, false, false);
-    // Eight rows share a workgroup (the matrix read once); more take a second layer.
-    run_linear_rows(&mut r, 8, 99, 384, true, true, false, false);
-    run_linear_rows(&mut r, 11, 65, 70, true, false, false, true);
+    let (rows, biased) = (TestWeights::Rows { bias: false }, TestWeights::Rows { bias: true });
+    run_rows_equal_lone(&mut r, rows, 1, 1003, 390, true, false, false);
+    run_rows_equal_lone(&mut r, biased, 3, 70, 46, false, false, true);
+    // K past 512 takes the kernel's loop.
+    run_rows_equal_lone(&mut r, biased, 2, 37, 1030, true, true, false);
+    run_rows_equal_lone(&mut r, rows, 1, 33, 2, false, false, false);
+    run_rows_equal_lone(&mut r, rows, 4, 64, 512, true, false, false);
+    run_rows_equal_lone(&mut r, biased, 8, 99, 384, true, false, false);
+    run_rows_equal_lone(&mut r, rows, 11, 65, 70, true, false, true);
 }
 
 /// Weights of a per-row GEMV test: f16, or quantized in a block format.
@@ -212,10 +164,13 @@ fn linear_rows_matches_reference_and_rows_equal_lone_rows() {
 enum TestWeights {
     F16,
     Q(BlockFormat),
+    /// f16 stored row-major (`linear_rows`, the logits: which have no bias).
+    Rows { bias: bool },
 }
 
-/// The per-row GEMVs (a verify pass's f16 `linear_per_row`, and `linear_q` for prompts,
-/// steps and verify passes alike): every row of an m-row call equals, bit for bit, the same
+/// The per-row GEMVs (a verify pass's f16 `linear_per_row`, `linear_q` for prompts, steps
+/// and verify passes alike, and `linear_rows` for the logits; N not a multiple of its 32
+/// outputs per workgroup clamps rows): every row of an m-row call equals, bit for bit, the same
 /// row computed alone (as a decode step does), and the reference within rounding. X sits
 /// at an offset in a longer buffer with poison around it: a row (or a quantized last
 /// block's padding) must not read past K.
@@ -226,16 +181,21 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
     let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
     let gm = rand_vec(r, k, 1.0);
     let bt = rand_vec(r, k, 0.5);
-    let (fm, qm, w) = match wt {
+    let (fm, qm, rm, w) = match wt {
         TestWeights::F16 => {
             let w = f16_round(&rand_vec(r, n * k, 0.5));
-            (Some(F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap()), None, w)
+            (Some(F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap()), None, None, w)
         }
         TestWeights::Q(format) => {
             let q = BlockQuant::quantize(format, &rand_vec(r, n * k, 0.5), n, k).unwrap();
-            (None, Some(QMatrix::upload(g, "w", &q).unwrap()), q.dequantize())
+            (None, Some(QMatrix::upload(g, "w", &q).unwrap()), None, q.dequantize())
+        }
+        TestWeights::Rows { .. } => {
+            let w = f16_round(&rand_vec(r, n * k, 0.5));
+            (None, None, Some(F16Rows::from_bits(g, "w", &f16_bits(&w), n, k).unwrap()), w)
         }
     };
+    let bias = !matches!(wt, TestWeights::Rows { bias: false });
     let b = rand_vec(r, n, 0.5);
     let y0 = rand_vec(r, m * n, 1.0);
     let mut xs = vec![f32::NAN; 3];
@@ -255,18 +215,21 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
     }
     let mut rec = g.recorder();
     let (xm, ym) = (Rows::at(&xb, 3, k), Rows::new(&together, n));
-    match (&fm, &qm) {
-        (Some(f), _) => kern.linear_per_row(&mut rec, xm, m as u32, norm(), f, Some(&bb), ym, ep).unwrap(),
-        (_, Some(q)) => kern.linear_q(&mut rec, xm, m as u32, norm(), q, Some(&bb), ym, ep).unwrap(),
+    let bo = bias.then_some(&bb);
+    match (&fm, &qm, &rm) {
+        (Some(f), _, _) => kern.linear_per_row(&mut rec, xm, m as u32, norm(), f, bo, ym, ep).unwrap(),
+        (_, Some(q), _) => kern.linear_q(&mut rec, xm, m as u32, norm(), q, bo, ym, ep).unwrap(),
+        (_, _, Some(rw)) => kern.linear_rows(&mut rec, xm, m as u32, norm(), rw, bo, ym, ep).unwrap(),
         _ => unreachable!(),
     }
     for i in 0..m {
         let (x1, y1) = (Rows::at(&xb, 3 + i * k, k), Rows::at(&alone, i * n, n));
         let scratch = poisoned(k);
-        match (&fm, &qm, norm()) {
-            (Some(f), _, Some(nm)) => kern.linear_ln(&mut rec, x1, 1, nm, &scratch, f, Some(&bb), y1, ep).unwrap(),
-            (Some(f), _, None) => kern.linear(&mut rec, x1, 1, f, Some(&bb), y1, ep).unwrap(),
-            (_, Some(q), nm) => kern.linear_q(&mut rec, x1, 1, nm, q, Some(&bb), y1, ep).unwrap(),
+        match (&fm, &qm, &rm, norm()) {
+            (Some(f), _, _, Some(nm)) => kern.linear_ln(&mut rec, x1, 1, nm, &scratch, f, bo, y1, ep).unwrap(),
+            (Some(f), _, _, None) => kern.linear(&mut rec, x1, 1, f, bo, y1, ep).unwrap(),
+            (_, Some(q), _, nm) => kern.linear_q(&mut rec, x1, 1, nm, q, bo, y1, ep).unwrap(),
+            (_, _, Some(rw), nm) => kern.linear_rows(&mut rec, x1, 1, nm, rw, bo, y1, ep).unwrap(),
             _ => unreachable!(),
         }
     }
@@ -278,7 +241,7 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
         assert_eq!(a.to_bits(), b.to_bits(), "{what}: element {i} is {a}, alone {b}");
     }
     let xn = if with_norm { ops::layer_norm(&x, m, k, &gm, &bt, 1e-5) } else { x.clone() };
-    let mut want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
+    let mut want = ops::linear(&xn, m, k, &w, n, bias.then_some(&b[..]));
     epilogue_ref(&mut want, gelu, accumulate, &y0);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "{what}: rel err {e}");
