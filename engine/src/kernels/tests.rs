@@ -508,6 +508,19 @@ fn attention_merged_into_the_projection_matches_reference() {
         causal: None,
     };
     assert_eq!(kern.attention_unmerged(&mut rec, &args).unwrap(), None);
+    // Shapes the merge cannot take are errors, not wrong outputs: no rows, a width that is
+    // not heads x head_dim, too many (head, split) pairs, more than 8 rows.
+    let w = F16Matrix::from_bits(g, "w", &vec![0u16; 8 * 64], 8, 64).unwrap();
+    let y = poisoned(9 * 8);
+    let ep = Epilogue::default();
+    assert!(kern.linear_merged(&mut rec, 0, 1, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
+    assert!(kern.linear_merged(&mut rec, 1, 2, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
+    assert!(kern.linear_merged(&mut rec, 1, 1, 64, 129, &w, None, Rows::new(&y, 8), ep).is_err());
+    assert!(kern.linear_merged(&mut rec, 9, 1, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
+    let rw = F16Rows::from_bits(g, "rw", &[0u16; 6], 2, 3);
+    assert!(rw.is_err(), "rows of an odd width cannot be packed in pairs");
+    let rw = F16Rows::from_bits(g, "rw", &[0u16; 8], 2, 4).unwrap();
+    assert!(kern.linear_rows(&mut rec, Rows::new(&y, 4), 0, None, &rw, None, Rows::new(&y, 2), ep).is_err());
 }
 
 #[test]
