@@ -79,6 +79,8 @@ struct Args {
     coop_only: bool,
     direct_only: bool,
     attention_only: bool,
+    rows_only: bool,
+    gemv_only: bool,
 }
 
 const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps R] [--n N] [--k K] [--chain N]
@@ -91,13 +93,18 @@ const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps
   --coop-only  only the cooperative-matrix section (MMA ceilings, encoder GEMM variants)
   --direct-only  only the encoder's attention shapes (tiled, reshaped; cooperative-matrix) and the
                cooperative-matrix GEMM fed straight from memory, with rewrites that take parts away
-  --attention-only  with --direct-only: the attention rows only";
+  --attention-only  with --direct-only: the attention rows only
+  --rows-only  only the copy ceiling, the row-major GEMV (gemv_rows.wgsl) and the decode GEMVs
+               with and without their folded LayerNorm, on --n x --k
+  --gemv-only  everything but the cooperative-matrix sections (GEMVs, dispatch and submit costs)";
 
 fn parse_args() -> Result<Args, String> {
     let mut small = false;
     let mut coop_only = false;
     let mut direct_only = false;
     let mut attention_only = false;
+    let mut rows_only = false;
+    let mut gemv_only = false;
     let (mut mib, mut n, mut k) = (None, None, None);
     let (mut batches, mut reps, mut chain) = (5u32, None, 256u32);
     let mut it = std::env::args().skip(1);
@@ -111,6 +118,8 @@ fn parse_args() -> Result<Args, String> {
             "--coop-only" => coop_only = true,
             "--direct-only" => direct_only = true,
             "--attention-only" => attention_only = true,
+            "--rows-only" => rows_only = true,
+            "--gemv-only" => gemv_only = true,
             "--mib" => mib = Some(value::<u64>(&mut it, "--mib")?),
             "--batches" => batches = value(&mut it, "--batches")?,
             "--reps" => reps = Some(value::<u32>(&mut it, "--reps")?),
@@ -135,6 +144,8 @@ fn parse_args() -> Result<Args, String> {
         coop_only,
         direct_only,
         attention_only,
+        rows_only,
+        gemv_only,
     };
     if args.batches == 0 || args.reps == 0 || args.chain == 0 || args.copy_mib == 0 {
         return Err("--batches, --reps, --chain and --mib must be at least 1".into());
@@ -1047,8 +1058,10 @@ fn rel_check(got: &[f32], want: &[f32]) -> String {
     }
 }
 
-/// The encoder's self-attention (tiny.en: 1500 frames, 6 heads of 64): the shipped tiled
-/// kernel and reshapes of it (queries x key splits x chunk per workgroup; any device),
+/// The encoder's self-attention (tiny.en: 1500 frames, 6 heads of 64): the tiled kernel,
+/// the register-blocked one that ships (attention_blocked.wgsl, in 1, 2, 4 and 8 key
+/// splits, those above one with attention.wgsl's merge timed beside), and reshapes of the tiled
+/// one (queries x key splits x chunk per workgroup; any device),
 /// then, where the device has cooperative matrices, kernels that load their operands
 /// straight from memory as f16 hi/lo planes (kernel_lab/split_f16.wgsl makes them): the
 /// attention (attn_coop.wgsl + attention.wgsl's merge, and rewrites without its P·V or its
@@ -1095,8 +1108,47 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool) -> LabResult<Vec<Row>> {
     lab.run_once(&att_tiled, &bind, tgrid)?;
     let want = gpu.read_f32(&out, 0, (t * d) as usize)?;
     let attn_flops = 4.0 * t as f64 * t as f64 * d as f64;
-    let tt = timed(&mut rows, "attention_tiled 1500x6x64", "shipped: CUDA cores, a thread per query", &att_tiled, bind, tgrid, "reference".into())?;
+    let tt = timed(&mut rows, "attention_tiled 1500x6x64", "CUDA cores, a thread per query (VERBATIM_ATTENTION_TILED=1)", &att_tiled, bind, tgrid, "reference".into())?;
     rows.last_mut().unwrap().check = format!("reference, {}", tflops(attn_flops, tt));
+    // Shipped for the encoder: register-blocked, 32 queries x 32-key blocks per workgroup,
+    // the keys in 1, 2, 4 (ATTENTION_BLOCKED_SPLITS) or 8 splits of whole blocks, each a
+    // workgroup writing its partial for attention.wgsl's merge (one split: the output).
+    let att_blocked = gpu.kernel_entry("attention_blocked", engine::kernels::ATTENTION_BLOCKED_SOURCE, "main_blocked", &[r, r, r, w])?;
+    let max_splits = 8u32;
+    let bpart = gpu.buffer("lab blocked partials", t as u64 * heads as u64 * max_splits as u64 * 66 * 4)?;
+    for asked in [1u32, 2, 4, max_splits] {
+        let split_keys = engine::kernels::attention_blocked_split_keys(t, asked);
+        let n_splits = t.div_ceil(split_keys);
+        let bp = att_params(split_keys);
+        let bgrid = [t.div_ceil(32), heads * n_splits];
+        let shipped = if asked == engine::kernels::ATTENTION_BLOCKED_SPLITS { "shipped: " } else { "" };
+        let plural = if n_splits == 1 { "" } else { "s" };
+        let change = format!("{shipped}CUDA cores, register-blocked, {n_splits} key split{plural} of {split_keys}");
+        let name = format!("attention_blocked/{n_splits} 1500x6x64");
+        if n_splits == 1 {
+            let bbind = lab.bind(&att_blocked, &bp, &[&qkvb, &qkvb, &qkvb, &out]);
+            gpu.fill_u32(&out, 0x7fc0_0000);
+            lab.run_once(&att_blocked, &bbind, bgrid)?;
+            let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
+            let tb = timed(&mut rows, &name, &change, &att_blocked, bbind, bgrid, String::new())?;
+            rows.last_mut().unwrap().check = format!("{c}, {}", tflops(attn_flops, tb));
+            continue;
+        }
+        let bbind = lab.bind(&att_blocked, &bp, &[&qkvb, &qkvb, &qkvb, &bpart]);
+        let mgrid = [t, heads];
+        let mbind = lab.bind(&att_merge, &bp, &[&bpart, &qkvb, &qkvb, &out]);
+        gpu.fill_u32(&bpart, 0x7fc0_0000);
+        gpu.fill_u32(&out, 0x7fc0_0000);
+        lab.run_once(&att_blocked, &bbind, bgrid)?;
+        lab.run_once(&att_merge, &mbind, mgrid)?;
+        let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
+        let tb = timed(&mut rows, &name, &change, &att_blocked, bbind, bgrid, String::new())?;
+        let tm = timed(&mut rows, &format!("attention_merge /{n_splits}"), "the blocked splits' partials merged", &att_merge, mbind, mgrid, "timing only".into())?;
+        let total = tb.best + tm.best;
+        let at = rows.len() - 2;
+        let tot = format!("{:.1} TFLOP/s", attn_flops / total / 1e12);
+        rows[at].check = format!("{c}, {} alone; blocked+merge {:.1} µs, {tot}", tflops(attn_flops, tb), total * 1e6);
+    }
     // The tiled kernel reshaped: (queries, key splits, chunk) per workgroup.
     for (tq, splits, ch) in [(32u32, 4u32, 16u32), (32, 8, 32), (16, 8, 32), (16, 16, 64), (64, 4, 16)] {
         let name = format!("attention_tiled.{tq}x{splits}x{ch}");
@@ -1432,42 +1484,261 @@ fn rel_to(got: &[f32], reference: &[f64]) -> f64 {
 }
 
 /// The row-major GEMV (kernels/gemv_rows.wgsl, the decoder's logits) on the same shape,
-/// its matrix stored [N][K] as the embedding table is: 32 threads per weight row.
-fn gemv_rows_row(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Row> {
+/// its matrix stored [N][K] as the embedding table is: as shipped (8 groups of 32 threads,
+/// 4 rows a group), with fewer groups per workgroup (shorter workgroups, more of them),
+/// and with the LayerNorm folded in (flag 16, as the decoder's logits run it).
+fn gemv_rows_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
     let gpu = lab.gpu;
     let (nu, ku) = (n as usize, k as usize);
     let mut st = 0x0dd_5eed_u64;
     let wbits: Vec<u16> = (0..nu * ku).map(|_| half::f16::from_f32(unit(&mut st)).to_bits()).collect();
     let x: Vec<f32> = (0..ku).map(|_| unit(&mut st)).collect();
-    let reference: Vec<f64> = wbits
-        .chunks_exact(ku)
-        .map(|row| row.iter().zip(&x).map(|(b, xv)| half::f16::from_bits(*b).to_f64() * *xv as f64).sum())
-        .collect();
+    let gamma: Vec<f32> = (0..ku).map(|_| 1.0 + 0.5 * unit(&mut st)).collect();
+    let beta: Vec<f32> = (0..ku).map(|_| 0.5 * unit(&mut st)).collect();
+    let eps = 1e-5f32;
+    let mean = x.iter().map(|v| *v as f64).sum::<f64>() / ku as f64;
+    let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / ku as f64;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    let xn: Vec<f64> = (0..ku).map(|i| (x[i] as f64 - mean) * inv * gamma[i] as f64 + beta[i] as f64).collect();
+    let dot = |row: &[u16], xs: &mut dyn Iterator<Item = f64>| -> f64 {
+        row.iter().zip(xs).map(|(b, xv)| half::f16::from_bits(*b).to_f64() * xv).sum()
+    };
+    let reference: Vec<f64> = wbits.chunks_exact(ku).map(|row| dot(row, &mut x.iter().map(|v| *v as f64))).collect();
+    let reference_ln: Vec<f64> = wbits.chunks_exact(ku).map(|row| dot(row, &mut xn.iter().copied())).collect();
     let xb = gpu.upload_f32("lab gemv_rows x", &x)?;
+    let gb = gpu.upload_f32("lab gemv_rows gamma", &gamma)?;
+    let bb = gpu.upload_f32("lab gemv_rows beta", &beta)?;
     let wb = gpu.upload("lab gemv_rows w", bytemuck::cast_slice(&wbits))?;
+    drop(wbits);
     let zero = gpu.buffer("lab gemv_rows zero", 16)?;
     let params = lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
+    let params_ln = lab.uniform(&[1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0]);
     let ys = (0..reps).map(|_| gpu.buffer("lab gemv_rows y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
-    let mut row = Row::new(Section::Gemv, "gemv_rows", "kernels/gemv_rows.wgsl: W row-major, 32 threads a row");
-    row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
-    eprintln!("  gemv_rows");
-    let r = Access::Read;
-    let kernel = gpu.kernel("lab.gemv_rows", engine::kernels::GEMV_ROWS_SOURCE, &[r, r, r, r, r, Access::ReadWrite])?;
-    let g = grid(n.div_ceil(32) as u64);
-    let binds: Vec<wgpu::BindGroup> =
-        ys.iter().map(|y| lab.bind(&kernel, &params, &[&xb, &wb, &zero, &zero, &zero, y])).collect();
-    gpu.fill_u32(&ys[0], 0x7fc0_0000);
-    lab.run_once(&kernel, &binds[0], g)?;
-    let got = gpu.read_f32(&ys[0], 0, nu)?;
-    let rel = rel_to(&got, &reference);
-    if !rel.is_finite() || rel > REL_BOUND {
-        row.check = format!("WRONG rel {rel:.1e}");
-        return Ok(row);
+    let shipped = engine::kernels::GEMV_ROWS_SOURCE;
+    let groups_line = "const GROUPS: u32 = 8u;";
+    assert!(shipped.contains(groups_line), "gemv_rows.wgsl no longer declares {groups_line}");
+    let mut rows = Vec::new();
+    for (name, groups, ln, change) in [
+        ("gemv_rows", 8u32, false, "kernels/gemv_rows.wgsl: W row-major, 8 x 32 threads, 32 rows a WG"),
+        ("gemv_rows.g4", 4, false, "gemv_rows, 4 groups of 32 threads, 16 rows a workgroup"),
+        ("gemv_rows.g2", 2, false, "gemv_rows, 2 groups of 32 threads, 8 rows a workgroup"),
+        ("gemv_rows.ln", 8, true, "gemv_rows with the LayerNorm folded in (flag 16)"),
+        ("gemv_rows.g4.ln", 4, true, "gemv_rows.g4 with the LayerNorm folded in"),
+        ("gemv_rows.g2.ln", 2, true, "gemv_rows.g2 with the LayerNorm folded in"),
+    ] {
+        let src = if groups == 8 {
+            shipped.to_string()
+        } else {
+            let to = format!("const GROUPS: u32 = {groups}u;");
+            let src = engine::kernels::rewrite_source(name, shipped, &[(groups_line, to.as_str())])?;
+            assert!(src.contains(&to), "{name}: the rewrite did not apply");
+            src
+        };
+        let mut row = Row::new(Section::Gemv, name, change);
+        row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
+        eprintln!("  {name}");
+        let r = Access::Read;
+        let kernel = gpu.kernel(static_name(&format!("lab.{name}")), &src, &[r, r, r, r, r, Access::ReadWrite])?;
+        let g = grid(n.div_ceil(4 * groups) as u64);
+        let (pr, gm, bt, want) =
+            if ln { (&params_ln, &gb, &bb, &reference_ln) } else { (&params, &zero, &zero, &reference) };
+        let binds: Vec<wgpu::BindGroup> =
+            ys.iter().map(|y| lab.bind(&kernel, pr, &[&xb, &wb, &zero, gm, bt, y])).collect();
+        gpu.fill_u32(&ys[0], 0x7fc0_0000);
+        lab.run_once(&kernel, &binds[0], g)?;
+        let got = gpu.read_f32(&ys[0], 0, nu)?;
+        let rel = rel_to(&got, want);
+        if !rel.is_finite() || rel > REL_BOUND {
+            row.check = format!("WRONG rel {rel:.1e}");
+            rows.push(row);
+            continue;
+        }
+        row.check = format!("ok {rel:.0e}");
+        row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
+        row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
+        rows.push(row);
     }
-    row.check = format!("ok {rel:.0e}");
-    row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
-    row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
-    Ok(row)
+    Ok(rows)
+}
+
+/// gemv_common.wgsl's `ln_stats` (two passes over the row: the mean's tree, then the
+/// squared deviations' tree) replaced by one tree of (count, mean, M2) merged pairwise
+/// (Welford per thread, Chan et al.'s merge: as stable, one tree fewer) or by one pass over
+/// x - x[0] with one tree of (sum, sum of squares) (fastest, but it loses precision when
+/// x[0] is far from the mean). Returns the rewritten source.
+fn ln_stats_variant(name: &str, src: &str, kind: &str) -> LabResult<String> {
+    const CHAN: &str = "var<workgroup> rs3: array<vec3<f32>, 256>;
+
+fn ln_stats(xb: u32, slot: u32, lid: u32) {
+    var n = 0.0;
+    var mean = 0.0;
+    var m2 = 0.0;
+    for (var c = lid; c < p.k; c += WG) {
+        let v = x[xb + c];
+        n += 1.0;
+        let d = v - mean;
+        mean += d / n;
+        m2 += d * (v - mean);
+    }
+    rs3[lid] = vec3<f32>(n, mean, m2);
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (lid < st) {
+            let a = rs3[lid];
+            let b = rs3[lid + st];
+            if (a.x == 0.0) {
+                rs3[lid] = b;
+            } else if (b.x > 0.0) {
+                let nn = a.x + b.x;
+                let d = b.y - a.y;
+                let f = b.x / nn;
+                rs3[lid] = vec3<f32>(nn, a.y + d * f, a.z + b.z + d * d * a.x * f);
+            }
+        }
+        workgroupBarrier();
+    }
+    let t = rs3[0];
+    workgroupBarrier();
+    if (lid == 0u) {
+        stat[slot] = t.y;
+        stat[MAXM + slot] = inverseSqrt(t.z / f32(p.k) + p.eps);
+    }
+}
+";
+    const ONE_PASS: &str = "var<workgroup> rs2: array<vec2<f32>, 256>;
+
+fn ln_stats(xb: u32, slot: u32, lid: u32) {
+    let kf = f32(p.k);
+    let x0 = x[xb];
+    var sq = vec2<f32>(0.0);
+    for (var c = lid; c < p.k; c += WG) {
+        let d = x[xb + c] - x0;
+        sq += vec2<f32>(d, d * d);
+    }
+    rs2[lid] = sq;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (lid < st) {
+            rs2[lid] += rs2[lid + st];
+        }
+        workgroupBarrier();
+    }
+    let t = rs2[0];
+    workgroupBarrier();
+    let md = t.x / kf;
+    if (lid == 0u) {
+        stat[slot] = x0 + md;
+        stat[MAXM + slot] = inverseSqrt(max(t.y / kf - md * md, 0.0) + p.eps);
+    }
+}
+";
+    let start = src.find("fn ln_stats(").ok_or_else(|| format!("{name}: no ln_stats"))?;
+    let len = src[start..].find("\n}\n").ok_or_else(|| format!("{name}: ln_stats has no end"))? + 3;
+    let shipped = &src[start..start + len];
+    let to = match kind {
+        "chan" => CHAN,
+        "one_pass" => ONE_PASS,
+        _ => return Ok(src.to_string()),
+    };
+    let out = engine::kernels::rewrite_source(name, src, &[(shipped, to)])?;
+    assert!(out != src, "{name}: the rewrite did nothing");
+    Ok(out)
+}
+
+/// The decode GEMVs with and without the LayerNorm folded in, on --n x --k: the shipped
+/// k-major `main_m1` (the decoder's QKV, cross-attention query and fc1 run it with flag 16)
+/// and the row-major logits kernel, with the statistics computed as shipped or rewritten
+/// (`ln_stats_variant`). What the fold costs a dispatch, and what a cheaper reduction saves.
+fn gemv_ln_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let (nu, ku) = (n as usize, k as usize);
+    let mut st = 0x1a7e_5eed_u64;
+    let wbits: Vec<u16> = (0..nu * ku).map(|_| half::f16::from_f32(unit(&mut st)).to_bits()).collect();
+    // An offset mean, as a residual stream has: the one-pass statistics must survive it.
+    let x: Vec<f32> = (0..ku).map(|_| 3.0 + unit(&mut st)).collect();
+    let gamma: Vec<f32> = (0..ku).map(|_| 1.0 + 0.5 * unit(&mut st)).collect();
+    let beta: Vec<f32> = (0..ku).map(|_| 0.5 * unit(&mut st)).collect();
+    let eps = 1e-5f32;
+    let mean = x.iter().map(|v| *v as f64).sum::<f64>() / ku as f64;
+    let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / ku as f64;
+    let inv = 1.0 / (var + eps as f64).sqrt();
+    let xn: Vec<f64> = (0..ku).map(|i| (x[i] as f64 - mean) * inv * gamma[i] as f64 + beta[i] as f64).collect();
+    let xr: Vec<f64> = x.iter().map(|v| *v as f64).collect();
+    // wbits read as [K][N] (k-major, the F16Matrix layout) and as [N][K] (F16Rows).
+    let kmajor = |xs: &[f64]| -> Vec<f64> {
+        let mut out = vec![0f64; nu];
+        for (kk, row) in wbits.chunks_exact(nu).enumerate() {
+            for (o, b) in out.iter_mut().zip(row) {
+                *o += xs[kk] * half::f16::from_bits(*b).to_f64();
+            }
+        }
+        out
+    };
+    let rowmajor = |xs: &[f64]| -> Vec<f64> {
+        wbits.chunks_exact(ku).map(|row| row.iter().zip(xs).map(|(b, v)| half::f16::from_bits(*b).to_f64() * v).sum()).collect()
+    };
+    let refs = [(kmajor(&xr), kmajor(&xn)), (rowmajor(&xr), rowmajor(&xn))];
+    let xb = gpu.upload_f32("lab ln x", &x)?;
+    let gb = gpu.upload_f32("lab ln gamma", &gamma)?;
+    let bb = gpu.upload_f32("lab ln beta", &beta)?;
+    let wb = gpu.upload("lab ln w", bytemuck::cast_slice(&wbits))?;
+    drop(wbits);
+    let zero = gpu.buffer("lab ln zero", 16)?;
+    let params = lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
+    let params_ln = lab.uniform(&[1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0]);
+    let ys = (0..reps).map(|_| gpu.buffer("lab ln y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
+    let mut rows = Vec::new();
+    for (family, src, entry, per_wg, refi) in [
+        ("m1", engine::kernels::GEMV_SOURCE, "main_m1", 16u32, 0usize),
+        ("rows", engine::kernels::GEMV_ROWS_SOURCE, "main", 32, 1),
+    ] {
+        for (stats, ln, change) in [
+            ("", false, "no LayerNorm"),
+            (".ln", true, "LayerNorm folded in, as shipped (two passes, two trees)"),
+            (".lnc", true, "LayerNorm, Welford per thread, one tree merging (n, mean, M2)"),
+            (".ln1", true, "LayerNorm, one pass over x - x[0], one (sum, sum sq) tree"),
+            (".ln.late", true, "LayerNorm, x/gamma/beta of the first 8 words not loaded ahead"),
+        ] {
+            let name = format!("{family}{stats}");
+            let kind = match stats {
+                ".lnc" => "chan",
+                ".ln1" => "one_pass",
+                _ => "",
+            };
+            let mut code = ln_stats_variant(&name, src, kind)?;
+            if stats == ".ln.late" {
+                let ahead = "const LN_AHEAD: bool = true;";
+                if !code.contains(ahead) {
+                    continue;
+                }
+                code = code.replace(ahead, "const LN_AHEAD: bool = false;");
+            }
+            let mut row = Row::new(Section::Gemv, &name, &format!("{family}: {change}"));
+            row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
+            eprintln!("  {name}");
+            let r = Access::Read;
+            let kernel = gpu.kernel_entry(static_name(&format!("lab.{name}")), &code, entry, &[r, r, r, r, r, Access::ReadWrite])?;
+            let g = grid(n.div_ceil(per_wg) as u64);
+            let (pr, gm, bt) = if ln { (&params_ln, &gb, &bb) } else { (&params, &zero, &zero) };
+            let want = if ln { &refs[refi].1 } else { &refs[refi].0 };
+            let binds: Vec<wgpu::BindGroup> =
+                ys.iter().map(|y| lab.bind(&kernel, pr, &[&xb, &wb, &zero, gm, bt, y])).collect();
+            gpu.fill_u32(&ys[0], 0x7fc0_0000);
+            lab.run_once(&kernel, &binds[0], g)?;
+            let got = gpu.read_f32(&ys[0], 0, nu)?;
+            let rel = rel_to(&got, want);
+            if !rel.is_finite() || rel > REL_BOUND {
+                row.check = format!("WRONG rel {rel:.1e}");
+                rows.push(row);
+                continue;
+            }
+            row.check = format!("ok {rel:.0e}");
+            row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
+            row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
 }
 
 fn gemv_q_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
@@ -1670,6 +1941,13 @@ fn run(args: &Args) -> LabResult<()> {
     let mut rows = Vec::new();
     eprintln!("copy ceiling ({} MiB)", mib(copy_bytes));
     rows.extend(copy_rows(&lab, copy_bytes, args.reps)?);
+    if args.rows_only {
+        rows.extend(gemv_rows_rows(&lab, args.n, args.k, args.reps)?);
+        rows.extend(gemv_ln_rows(&lab, args.n, args.k, args.reps)?);
+        gpu.check()?;
+        print_table(&rows, &clock_note);
+        return Ok(());
+    }
     if args.direct_only {
         if gpu.info.coop_matrix {
             eprintln!("cooperative matrices fed from memory");
@@ -1681,7 +1959,9 @@ fn run(args: &Args) -> LabResult<()> {
         print_table(&rows, &clock_note);
         return Ok(());
     }
-    if gpu.info.coop_matrix {
+    if args.gemv_only {
+        println!("coop: skipped (--gemv-only)");
+    } else if gpu.info.coop_matrix {
         eprintln!("cooperative matrices");
         rows.extend(coop_rows(&lab)?);
         rows.extend(coop_direct_rows(&lab, args.attention_only)?);
@@ -1721,7 +2001,7 @@ fn run(args: &Args) -> LabResult<()> {
     }
     drop(data);
     eprintln!("row-major gemv");
-    rows.push(gemv_rows_row(&lab, args.n, args.k, args.reps)?);
+    rows.extend(gemv_rows_rows(&lab, args.n, args.k, args.reps)?);
     eprintln!("quantized gemv");
     rows.extend(gemv_q_rows(&lab, args.n, args.k, args.reps)?);
 

@@ -114,7 +114,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 }
 
 // ---------------------------------------------------------------------------------------
-// Tiled variant for many queries (the encoder's 1500, a long prefill). A workgroup takes TQ
+// Tiled variant for many queries (the encoder's 1500, a long prefill; where its grid is
+// small, tiny.en's encoder, Kernels::attention runs attention_blocked.wgsl instead, and
+// VERBATIM_ATTENTION_TILED=1 sends that back here). A workgroup takes TQ
 // queries of one head and SPLITS key splits: thread (query q, split s) keeps its own online
 // softmax over keys s, s+SPLITS, ... of each staged chunk of CH keys (KPT of them), with q
 // and its output accumulator in registers (16 vec4 each; head_dim <= 64, zero-padded), and

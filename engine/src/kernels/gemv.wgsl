@@ -35,6 +35,7 @@
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 const MAXM: u32 = 8u;
+const LN_AHEAD: bool = true;
 const CP: u32 = 8u;
 const KG: u32 = 32u;
 const WG: u32 = 256u; // CP * KG
@@ -224,6 +225,62 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         r6 = w[(k0 + 6u) * nw + cw];
         r7 = w[(k0 + 7u) * nw + cw];
     }
+    // With the LayerNorm folded in, the pre-issued words' x, gamma and beta too: after the
+    // statistics the first eight products then wait on nothing (LN_AHEAD; the kernel lab
+    // rewrites it to false: 5.9 -> 5.2 us per 1536 x 384 dispatch on the H200, against 4.3
+    // without a LayerNorm).
+    let ahead = pre && LN_AHEAD && ln_on() && !merge_on();
+    var x0 = 0.0;
+    var x1 = 0.0;
+    var x2 = 0.0;
+    var x3 = 0.0;
+    var x4 = 0.0;
+    var x5 = 0.0;
+    var x6 = 0.0;
+    var x7 = 0.0;
+    var g0 = 0.0;
+    var g1 = 0.0;
+    var g2 = 0.0;
+    var g3 = 0.0;
+    var g4 = 0.0;
+    var g5 = 0.0;
+    var g6 = 0.0;
+    var g7 = 0.0;
+    var e0 = 0.0;
+    var e1 = 0.0;
+    var e2 = 0.0;
+    var e3 = 0.0;
+    var e4 = 0.0;
+    var e5 = 0.0;
+    var e6 = 0.0;
+    var e7 = 0.0;
+    if (ahead) {
+        let xb = p.x_off + row * p.x_stride + k0;
+        x0 = x[xb];
+        x1 = x[xb + 1u];
+        x2 = x[xb + 2u];
+        x3 = x[xb + 3u];
+        x4 = x[xb + 4u];
+        x5 = x[xb + 5u];
+        x6 = x[xb + 6u];
+        x7 = x[xb + 7u];
+        g0 = gamma[k0];
+        g1 = gamma[k0 + 1u];
+        g2 = gamma[k0 + 2u];
+        g3 = gamma[k0 + 3u];
+        g4 = gamma[k0 + 4u];
+        g5 = gamma[k0 + 5u];
+        g6 = gamma[k0 + 6u];
+        g7 = gamma[k0 + 7u];
+        e0 = beta[k0];
+        e1 = beta[k0 + 1u];
+        e2 = beta[k0 + 2u];
+        e3 = beta[k0 + 3u];
+        e4 = beta[k0 + 4u];
+        e5 = beta[k0 + 5u];
+        e6 = beta[k0 + 6u];
+        e7 = beta[k0 + 7u];
+    }
     // The epilogue's bias and residual too (0 when the flags leave them out).
     var eb = vec2<f32>(0.0, 0.0);
     var ey = vec2<f32>(0.0, 0.0);
@@ -245,7 +302,17 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     var b = vec2<f32>(0.0, 0.0);
     if (cw < nw) {
         var k = k0;
-        if (pre) {
+        if (ahead) {
+            a = fma(vec2<f32>(ln_with(x0, row, g0, e0)), unpack2x16float(r0), a);
+            b = fma(vec2<f32>(ln_with(x1, row, g1, e1)), unpack2x16float(r1), b);
+            a = fma(vec2<f32>(ln_with(x2, row, g2, e2)), unpack2x16float(r2), a);
+            b = fma(vec2<f32>(ln_with(x3, row, g3, e3)), unpack2x16float(r3), b);
+            a = fma(vec2<f32>(ln_with(x4, row, g4, e4)), unpack2x16float(r4), a);
+            b = fma(vec2<f32>(ln_with(x5, row, g5, e5)), unpack2x16float(r5), b);
+            a = fma(vec2<f32>(ln_with(x6, row, g6, e6)), unpack2x16float(r6), a);
+            b = fma(vec2<f32>(ln_with(x7, row, g7, e7)), unpack2x16float(r7), b);
+            k += 8u;
+        } else if (pre) {
             a = fma(vec2<f32>(xv(row, k)), unpack2x16float(r0), a);
             b = fma(vec2<f32>(xv(row, k + 1u)), unpack2x16float(r1), b);
             a = fma(vec2<f32>(xv(row, k + 2u)), unpack2x16float(r2), a);

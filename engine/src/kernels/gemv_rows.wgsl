@@ -10,10 +10,13 @@
 // read one weight row at a time, 32 neighbouring words per load, and the matrix is read
 // front to back.
 //
-// A workgroup is 8 groups of 32 threads; group g takes RPG = 4 consecutive outputs. Thread
+// A workgroup is GROUPS = 8 groups of 32 threads (the kernel lab rewrites GROUPS: 4 was as
+// fast on the H200, 2 slower); group g takes RPG = 4 consecutive outputs. Thread
 // l of a group holds x' for words l, l + 32, ... (the LayerNorm applied once per element)
 // and accumulates its part of each of the 4 rows; the first round's weight words are
-// issued before the LayerNorm statistics so their latency overlaps them. The 32 parts of an
+// issued before the LayerNorm statistics so their latency overlaps them (its x, gamma and
+// beta too cost more than they saved: 48 more registers a thread, and the kernel lab's
+// 51864 x 384 went 14.6 -> 27.4 us even without the LayerNorm). The 32 parts of an
 // output are then summed in lane order by one thread through workgroup memory: the sum does
 // not depend on the number of activation rows (workgroup z is the row), so a verify pass
 // over k positions reproduces k single decode steps bit for bit.
@@ -26,12 +29,13 @@
 @group(0) @binding(5) var<storage, read> beta: array<f32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
-const WG: u32 = 256u;
+const GROUPS: u32 = 8u; // groups of 32 threads per workgroup (GEMV_ROWS_OUTPUTS = GROUPS x RPG)
+const WG: u32 = 32u * GROUPS;
 const MAXM: u32 = 8u;
-const RPG: u32 = 4u; // outputs per group of 32 threads (GEMV_ROWS_PER_GROUP x 8 in mod.rs)
+const RPG: u32 = 4u; // outputs per group of 32 threads
 const PS: u32 = 33u; // floats per output's 32 parts (+1: the summing threads hit distinct banks)
 
-var<workgroup> parts: array<f32, 1056>; // [8 groups x RPG outputs][PS]
+var<workgroup> parts: array<f32, 1056>; // [GROUPS (<= 8) x RPG outputs][PS]
 
 // Word wi of the group's 4 rows (rows past N read row N - 1; words past K/2 read 0).
 fn fetch(n0: u32, wi: u32, kw: u32) -> vec4<u32> {
@@ -66,12 +70,12 @@ fn accum(acc: vec4<f32>, ws: vec4<u32>, wi: u32, kw: u32, xb: u32) -> vec4<f32> 
     );
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = lid / 32u;
     let l = lid % 32u;
     let row = wg.z;
-    let block = (wg.x + wg.y * 32768u) * 8u * RPG; // first output of the workgroup
+    let block = (wg.x + wg.y * 32768u) * GROUPS * RPG; // first output of the workgroup
     let n0 = block + g * RPG;
     let kw = p.k / 2u;
     let xb = p.x_off + row * p.x_stride;
@@ -123,7 +127,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     parts[pb + 3u * PS] = acc.w;
     workgroupBarrier();
     let n = block + lid;
-    if (lid < 8u * RPG && n < p.n) {
+    if (lid < GROUPS * RPG && n < p.n) {
         var s = 0.0;
         for (var i = 0u; i < 32u; i++) {
             s += parts[lid * PS + i];

@@ -90,10 +90,34 @@ const ATTENTION_PARTIALS_FLOATS: u64 = 1 << 20;
 /// gemv_rows.wgsl as compiled (the logits over the row-major embedding table).
 pub const GEMV_ROWS_SOURCE: &str =
     concat!(include_str!("gelu.wgsl"), include_str!("gemv_common.wgsl"), include_str!("gemv_rows.wgsl"));
-/// Outputs per workgroup of gemv_rows.wgsl (8 groups of RPG = 4).
+/// Outputs per workgroup of gemv_rows.wgsl (GROUPS = 8 x RPG = 4).
 const GEMV_ROWS_OUTPUTS: u32 = 32;
 /// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
 pub const ATTENTION_SOURCE: &str = include_str!("attention.wgsl");
+/// attention_blocked.wgsl: the register-blocked attention for many queries of head_dim 64.
+pub const ATTENTION_BLOCKED_SOURCE: &str = include_str!("attention_blocked.wgsl");
+/// Queries per workgroup of attention_blocked.wgsl.
+const ATTENTION_BLOCKED_QUERIES: u32 = 32;
+/// Keys per block of attention_blocked.wgsl: its key splits are whole blocks.
+const ATTENTION_BLOCKED_KEYS: u32 = 32;
+/// Key splits of the blocked attention (each a workgroup of its own, merged by
+/// attention.wgsl's `main_merge`): one split gave tiny.en's encoder 282 workgroups of two
+/// warps, ~4 warps per H200 multiprocessor. Fewer run where the partials do not fit the
+/// buffer [`Kernels::reserve_blocked_attention`] made (none made: one split, no merge).
+pub const ATTENTION_BLOCKED_SPLITS: u32 = 4;
+/// The blocked kernel runs where the tiled one would have fewer workgroups than this. On
+/// the H200 (per encoder layer, 1500 queries) it won where the tiled kernel is short of
+/// warps, tiny.en's 6 heads (282 workgroups): 463 -> 410 us; with 8 heads (base, 376) it
+/// lost, 471 -> 540, and with 12 (small.en) 715 -> 799: with warps enough, main_tiled's
+/// one thread per query does more per warp than the blocked tiles.
+const ATTENTION_BLOCKED_MAX_TILED_GROUPS: u64 = 320;
+
+/// Keys per split of the blocked attention for about `splits` splits of `tk` keys: a whole
+/// number of 32-key blocks, so the splits are `tk.div_ceil(keys)`, at most `splits` (33 keys
+/// in 4 splits: 32 + 1; 1500 in 4: 3 x 384 + 348). `main_merge` counts them the same way.
+pub fn attention_blocked_split_keys(tk: u32, splits: u32) -> u32 {
+    tk.div_ceil(splits.max(1)).max(1).next_multiple_of(ATTENTION_BLOCKED_KEYS)
+}
 pub const GEMM_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("gemm_io.wgsl"), include_str!("gemm.wgsl"));
 pub const GEMM_COOP_SOURCE: &str = concat!(
     "enable f16;\nenable wgpu_cooperative_matrix;\n",
@@ -436,6 +460,15 @@ pub struct Kernels {
     layernorm: Arc<Kernel>,
     attention: Arc<Kernel>,
     attention_tiled: Arc<Kernel>,
+    /// The register-blocked attention (attention_blocked.wgsl): many queries, head_dim 64,
+    /// no causal mask (the encoder).
+    attention_blocked: Arc<Kernel>,
+    /// `VERBATIM_ATTENTION_TILED=1`: the tiled kernel where the blocked one would run (to
+    /// compare the two on a device).
+    force_tiled_attention: bool,
+    /// Partials of the blocked attention's key splits, [query][head][split][66], sized by
+    /// [`Kernels::reserve_blocked_attention`] (None: one split).
+    blocked_partials: Option<Buffer>,
     attention_split: Arc<Kernel>,
     attention_merge: Arc<Kernel>,
     /// Partials of the split attention: [query][head][split][head_dim + 2].
@@ -476,6 +509,9 @@ impl Kernels {
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
             attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
             attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
+            attention_blocked: gpu.kernel_entry("attention_blocked", ATTENTION_BLOCKED_SOURCE, "main_blocked", &[R, R, R, W])?,
+            force_tiled_attention: std::env::var("VERBATIM_ATTENTION_TILED").is_ok_and(|v| !v.is_empty() && v != "0"),
+            blocked_partials: None,
             attention_split: gpu.kernel_entry("attention_split", include_str!("attention.wgsl"), "main_split", &[R, R, R, W])?,
             attention_merge: gpu.kernel_entry("attention_merge", include_str!("attention.wgsl"), "main_merge", &[R, R, R, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
@@ -763,8 +799,10 @@ impl Kernels {
         rec.dispatch(&self.layernorm, bytemuck::bytes_of(&params), &[x, gamma, beta, y], [g[0], g[1], 1], cost)
     }
 
-    /// Attention for `a`: the tiled kernel for many queries, the split (flash-decoding)
-    /// kernels for a few, the chunked online-softmax kernel when neither fits.
+    /// Attention for `a`: the register-blocked kernel for many queries of head_dim 64 without
+    /// a causal mask where the tiled kernel would be short of workgroups (tiny.en's encoder),
+    /// the tiled kernel for other many-query cases, the split
+    /// (flash-decoding) kernels for a few, the chunked online-softmax kernel when none fits.
     pub fn attention(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
         let (mut params, cost) = attention_params(a)?;
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
@@ -775,6 +813,15 @@ impl Kernels {
             return rec.dispatch(&self.attention_split, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, 1], cost);
         }
         let p = bytemuck::bytes_of(&params);
+        let tiled_groups = a.tq.div_ceil(32) as u64 * a.heads as u64;
+        if a.tq > ATTENTION_TILED_MIN_QUERIES
+            && a.causal.is_none()
+            && a.head_dim == 64
+            && tiled_groups < ATTENTION_BLOCKED_MAX_TILED_GROUPS
+            && !self.force_tiled_attention
+        {
+            return self.attention_blocked(rec, a);
+        }
         if a.tq > ATTENTION_TILED_MIN_QUERIES && a.head_dim <= 64 && a.head_dim % 4 == 0 {
             return rec.dispatch(&self.attention_tiled, p, &bufs, [a.tq.div_ceil(32), a.heads, 1], cost);
         }
@@ -851,6 +898,70 @@ impl Kernels {
         };
         let g = grid_1d((w.n / 2).div_ceil(cp));
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &[part.buf, &w.buf, b, &self.zero, &self.zero, y.buf], [g[0], g[1], m], cost)
+    }
+
+    /// Make room for the blocked attention's partials of `queries` queries of `heads` heads
+    /// in [`ATTENTION_BLOCKED_SPLITS`] splits (the encoder: audio_ctx x n_heads; 1500 x 6 x
+    /// 4 x 66 floats = 9.5 MB for tiny.en, 31.7 MB for large-v3's 20 heads). Sized by the
+    /// model that loads the kernels rather than for the largest Whisper, so a small model on
+    /// a small GPU does not hold the large one's buffer. A buffer already as large is kept.
+    /// Nothing where the launcher would run the tiled kernel for that shape anyway.
+    pub fn reserve_blocked_attention(&mut self, gpu: &Gpu, queries: u32, heads: u32) -> Result<()> {
+        if queries.div_ceil(32) as u64 * heads as u64 >= ATTENTION_BLOCKED_MAX_TILED_GROUPS {
+            return Ok(());
+        }
+        let floats = queries as u64 * heads as u64 * ATTENTION_BLOCKED_SPLITS as u64 * 66;
+        if self.blocked_partials.as_ref().is_some_and(|b| b.size() >= floats * 4) {
+            return Ok(());
+        }
+        self.blocked_partials = Some(gpu.buffer("blocked attention partials", floats * 4)?);
+        Ok(())
+    }
+
+    /// The register-blocked kernel (attention_blocked.wgsl) whatever the query count and
+    /// `VERBATIM_ATTENTION_TILED`, in [`ATTENTION_BLOCKED_SPLITS`] key splits (fewer where
+    /// the partials would not fit): head_dim 64 and no causal mask only.
+    pub(crate) fn attention_blocked(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        self.attention_blocked_keys(rec, a, attention_blocked_split_keys(a.tk, ATTENTION_BLOCKED_SPLITS))
+    }
+
+    /// [`Kernels::attention_blocked`] with `split_keys` keys per split (any count; the
+    /// launcher's are whole 32-key blocks): one split writes the output itself, more write
+    /// their partials to the reserved buffer and `main_merge` merges them. Where they do
+    /// not fit (or the merge's grid would not, tq > 65535), as many splits as fit.
+    pub(crate) fn attention_blocked_keys(&self, rec: &mut Recorder, a: &AttentionArgs, split_keys: u32) -> Result<()> {
+        if a.head_dim != 64 || a.causal.is_some() || a.tk == 0 {
+            return Err(Error::Unsupported(format!(
+                "blocked attention: head_dim {} causal {:?} over {} keys (head_dim 64 without a causal mask only)",
+                a.head_dim, a.causal, a.tk
+            )));
+        }
+        let (mut params, cost) = attention_params(a)?;
+        let per_split = a.tq as u64 * a.heads as u64 * (a.head_dim as u64 + 2);
+        let room = match &self.blocked_partials {
+            Some(b) if a.tq <= 65535 => b.size() / 4 / per_split.max(1),
+            _ => 0,
+        };
+        let mut sk = split_keys.max(1);
+        if (a.tk.div_ceil(sk) as u64) > room {
+            // As many splits as the partials hold (one: no partials, no merge).
+            sk = if room >= 2 { attention_blocked_split_keys(a.tk, room.min(u32::MAX as u64) as u32) } else { a.tk };
+        }
+        let n_splits = a.tk.div_ceil(sk);
+        params.split_keys = sk;
+        let p = bytemuck::bytes_of(&params);
+        let x = a.tq.div_ceil(ATTENTION_BLOCKED_QUERIES);
+        if n_splits == 1 {
+            return rec.dispatch(&self.attention_blocked, p, &[a.q.buf, a.k.buf, a.v.buf, a.out.buf], [x, a.heads, 1], cost);
+        }
+        let Some(part) = &self.blocked_partials else {
+            return Err(Error::Invalid("blocked attention: key splits without a partials buffer".into()));
+        };
+        let partials = per_split * n_splits as u64;
+        let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
+        let merge_cost = Cost { bytes: partials * 4 + a.tq as u64 * a.heads as u64 * a.head_dim as u64 * 4, flops: partials * 2 };
+        rec.dispatch(&self.attention_blocked, p, &[a.q.buf, a.k.buf, a.v.buf, part], [x, a.heads * n_splits, 1], split_cost)?;
+        rec.dispatch(&self.attention_merge, p, &[part, a.k.buf, a.v.buf, a.out.buf], [a.tq, a.heads, 1], merge_cost)
     }
 
     /// The general fallback: one workgroup per (query, head), keys in chunks of 64 with an

@@ -9,6 +9,7 @@ use rand::Rng;
 
 use super::*;
 use crate::decode::StepRules;
+use crate::gpu::Profile;
 use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::reference::{ops, select as ref_select};
 use crate::testgpu::{gpu, poisoned, rand_vec, rel_err, rng, NAN_BITS};
@@ -345,13 +346,53 @@ fn layer_norm_matches_reference() {
 
 /// Q, K, V packed in one fused buffer [t][3·h·d] as the QKV projection writes them.
 fn run_attention(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, causal: Option<usize>) {
-    run_attention_with(r, tq, tk, heads, d, causal, false)
+    run_attention_with(r, tq, tk, heads, d, causal, AttentionPath::Launcher);
 }
 
-/// `chunked`: force the general fallback kernel instead of the one the launcher picks.
-fn run_attention_with(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, causal: Option<usize>, chunked: bool) {
+/// Which attention kernel a test runs.
+#[derive(Clone, Copy, PartialEq)]
+enum AttentionPath {
+    /// The one `Kernels::attention` picks (as without `VERBATIM_ATTENTION_TILED`).
+    Launcher,
+    /// `Kernels::attention` as with `VERBATIM_ATTENTION_TILED=1`.
+    LauncherTiled,
+    /// The general fallback (`attention_chunked`).
+    Chunked,
+    /// The register-blocked kernel (`attention_blocked`: ATTENTION_BLOCKED_SPLITS splits).
+    Blocked,
+    /// The register-blocked kernel with this many keys per split (`attention_blocked_keys`).
+    BlockedKeys(u32),
+    /// `Blocked` without partials reserved (one split, or as many as this many queries'
+    /// worth of partials hold when Some).
+    BlockedRoom(Option<usize>),
+}
+
+/// Returns the names of the kernels dispatched, sorted.
+fn run_attention_with(
+    r: &mut StdRng,
+    tq: usize,
+    tk: usize,
+    heads: usize,
+    d: usize,
+    causal: Option<usize>,
+    path: AttentionPath,
+) -> Vec<&'static str> {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.force_tiled_attention = path == AttentionPath::LauncherTiled;
+    // Partials for the blocked kernel's key splits as GpuWhisper::load reserves them, poisoned:
+    // a partial the merge reads but no split wrote shows as NaN.
+    let room = match path {
+        AttentionPath::BlockedRoom(room) => room,
+        _ => Some(tq),
+    };
+    if let Some(queries) = room {
+        kern.reserve_blocked_attention(g, queries as u32, heads as u32).unwrap();
+        // (None reserved where the launcher would not pick the blocked kernel.)
+        if let Some(part) = kern.blocked_partials.as_ref() {
+            g.fill_u32(part, NAN_BITS);
+        }
+    }
     let hd = heads * d;
     let q = rand_vec(r, tq * hd, 1.0);
     let k = rand_vec(r, tk * hd, 1.0);
@@ -381,16 +422,22 @@ fn run_attention_with(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usi
             head_dim: d as u32,
             causal: causal.map(|c| c as u32),
     };
-    if chunked {
-        kern.attention_chunked(&mut rec, &args).unwrap();
-    } else {
-        kern.attention(&mut rec, &args).unwrap();
+    match path {
+        AttentionPath::Launcher | AttentionPath::LauncherTiled => kern.attention(&mut rec, &args).unwrap(),
+        AttentionPath::Chunked => kern.attention_chunked(&mut rec, &args).unwrap(),
+        AttentionPath::Blocked | AttentionPath::BlockedRoom(_) => kern.attention_blocked(&mut rec, &args).unwrap(),
+        AttentionPath::BlockedKeys(sk) => kern.attention_blocked_keys(&mut rec, &args, sk).unwrap(),
     }
-    rec.submit(None).unwrap();
+    let mut prof = Profile::default();
+    rec.submit(Some(&mut prof)).unwrap();
     let got = g.read_f32(&ob, 0, tq * hd).unwrap();
     let want = ops::attention(&q, &k, &v, tq, tk, heads, d, causal);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "attention tq={tq} tk={tk} h={heads} d={d} causal={causal:?}: rel err {e}");
+    // The profile lists kernels by time, not in dispatch order.
+    let mut ran: Vec<&'static str> = prof.stats().iter().map(|s| s.kernel).collect();
+    ran.sort_unstable();
+    ran
 }
 
 #[test]
@@ -408,7 +455,8 @@ fn attention_matches_reference() {
     // a split cut short by the keys.
     run_attention(&mut r, 3, 300, 3, 64, Some(297));
     run_attention(&mut r, 2, 530, 2, 64, None);
-    // The tiled kernel (many queries): partial chunks, partial workgroups, causal.
+    // Many queries: the blocked kernel (head_dim 64, no mask) and the tiled one (the rest):
+    // partial chunks, partial workgroups, causal.
     run_attention(&mut r, 70, 45, 3, 64, None);
     run_attention(&mut r, 67, 100, 2, 24, Some(33));
     run_attention(&mut r, 129, 129, 2, 64, Some(0));
@@ -417,8 +465,61 @@ fn attention_matches_reference() {
     run_attention(&mut r, 40, 1500, 2, 64, None);
     run_attention(&mut r, 12, 30, 2, 20, None);
     // The chunked fallback (any key count, head_dim up to 128).
-    run_attention_with(&mut r, 3, 300, 2, 100, Some(297), true);
-    run_attention_with(&mut r, 20, 70, 3, 36, None, true);
+    run_attention_with(&mut r, 3, 300, 2, 100, Some(297), AttentionPath::Chunked);
+    run_attention_with(&mut r, 20, 70, 3, 36, None, AttentionPath::Chunked);
+}
+
+/// The register-blocked encoder attention (head_dim 64, no causal mask), called directly so
+/// that `VERBATIM_ATTENTION_TILED` cannot send it to the tiled kernel: partial query tiles
+/// (rows past tq unwritten) and partial key blocks (keys past tk uncounted) of its 32 x 32
+/// tiles, a single key, fewer queries than a tile, and the encoder's 1500 keys (47 blocks:
+/// the online softmax's rescaling, and lavapipe's loop cap); then its key splits merged by
+/// `main_merge`, partials poisoned: 1 to 8 splits, a last split of one key or of a partial
+/// block, splits that start inside a block (keys per split not a multiple of 32), and fewer
+/// splits where the reserved partials do not hold the ones asked for.
+#[test]
+fn attention_blocked_matches_reference() {
+    let mut r = rng("attention_blocked");
+    let b = AttentionPath::Blocked;
+    let one = ["attention_blocked"];
+    let merged = ["attention_blocked", "attention_merge"];
+    // ATTENTION_BLOCKED_SPLITS (4) asked for: 77 keys in 3 splits (32 + 32 + 13), 33 in 2
+    // (32 + 1), 1 and 32 in one (no merge), 1500 in 4 (3 x 384 + 348).
+    assert_eq!(run_attention_with(&mut r, 70, 77, 3, 64, None, b), merged);
+    assert_eq!(run_attention_with(&mut r, 129, 33, 3, 64, None, b), merged);
+    assert_eq!(run_attention_with(&mut r, 65, 1, 3, 64, None, b), one);
+    assert_eq!(run_attention_with(&mut r, 5, 40, 2, 64, None, b), merged);
+    assert_eq!(run_attention_with(&mut r, 32, 32, 1, 64, None, b), one);
+    assert_eq!(run_attention_with(&mut r, 33, 1500, 2, 64, None, b), merged);
+    // Keys per split given: 1 split (exactly tk, more than tk), 2 (32 + 1), 3 (96 + 96 + 8),
+    // 4 (3 x 32 + 4), 8 (7 x 192 + 156), and splits that start inside a block: 77 keys as
+    // 20 + 20 + 20 + 17, 9 as 3 x 3.
+    let bk = AttentionPath::BlockedKeys;
+    assert_eq!(run_attention_with(&mut r, 70, 77, 3, 64, None, bk(77)), one);
+    assert_eq!(run_attention_with(&mut r, 37, 45, 2, 64, None, bk(1000)), one);
+    assert_eq!(run_attention_with(&mut r, 40, 33, 2, 64, None, bk(32)), merged);
+    assert_eq!(run_attention_with(&mut r, 40, 200, 2, 64, None, bk(attention_blocked_split_keys(200, 3))), merged);
+    assert_eq!(run_attention_with(&mut r, 65, 100, 2, 64, None, bk(32)), merged);
+    assert_eq!(run_attention_with(&mut r, 33, 1500, 1, 64, None, bk(attention_blocked_split_keys(1500, 8))), merged);
+    assert_eq!(run_attention_with(&mut r, 37, 77, 2, 64, None, bk(20)), merged);
+    assert_eq!(run_attention_with(&mut r, 5, 9, 1, 64, None, bk(3)), merged);
+    // Where the partials do not hold the splits asked for: none reserved (one split), room
+    // for 4 when 26 are asked for (77 keys as 32 + 32 + 13), room for 2 when 4 are (64 + 13).
+    let room = AttentionPath::BlockedRoom;
+    assert_eq!(run_attention_with(&mut r, 40, 77, 2, 64, None, room(None)), one);
+    assert_eq!(run_attention_with(&mut r, 40, 77, 2, 64, None, bk(3)), merged);
+    assert_eq!(run_attention_with(&mut r, 40, 77, 2, 64, None, room(Some(20))), merged);
+    // The launcher sends the encoder's shape there (in splits), and to the tiled kernel
+    // when told to (which is then still right on that shape).
+    let ran = run_attention_with(&mut r, 40, 45, 2, 64, None, AttentionPath::Launcher);
+    assert_eq!(ran, merged);
+    let ran = run_attention_with(&mut r, 40, 1500, 2, 64, None, AttentionPath::LauncherTiled);
+    assert_eq!(ran, ["attention_tiled"]);
+    let ran = run_attention_with(&mut r, 70, 45, 3, 64, None, AttentionPath::LauncherTiled);
+    assert_eq!(ran, ["attention_tiled"]);
+    // With workgroups enough for the tiled kernel (41 query tiles x 8 heads), that one.
+    let ran = run_attention_with(&mut r, 1300, 45, 8, 64, None, AttentionPath::Launcher);
+    assert_eq!(ran, ["attention_tiled"]);
 }
 
 /// Cross-attention whose key splits the output projection merges (`attention_unmerged`,

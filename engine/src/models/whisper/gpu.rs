@@ -423,7 +423,9 @@ impl GpuWhisper {
                 format!("the tokenizer puts eot at {eot} and timestamps at {timestamp_begin}, which does not fit a vocabulary of {}", dims.vocab),
             ));
         }
-        let kern = Kernels::load(g)?;
+        let mut kern = Kernels::load(g)?;
+        // The encoder's self-attention splits its keys (attention_blocked.wgsl + merge).
+        kern.reserve_blocked_attention(g, dims.audio_ctx as u32, dims.n_heads as u32)?;
         let mut enc_layers = Vec::with_capacity(dims.encoder_layers);
         for i in 0..dims.encoder_layers {
             let p = format!("encoder/layer_{i}");
