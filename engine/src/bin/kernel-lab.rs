@@ -1483,84 +1483,6 @@ fn rel_to(got: &[f32], reference: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
-/// The row-major GEMV (kernels/gemv_rows.wgsl, the decoder's logits) on the same shape,
-/// its matrix stored [N][K] as the embedding table is: as shipped (8 groups of 32 threads,
-/// 4 rows a group), with fewer groups per workgroup (shorter workgroups, more of them),
-/// and with the LayerNorm folded in (flag 16, as the decoder's logits run it).
-fn gemv_rows_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
-    let gpu = lab.gpu;
-    let (nu, ku) = (n as usize, k as usize);
-    let mut st = 0x0dd_5eed_u64;
-    let wbits: Vec<u16> = (0..nu * ku).map(|_| half::f16::from_f32(unit(&mut st)).to_bits()).collect();
-    let x: Vec<f32> = (0..ku).map(|_| unit(&mut st)).collect();
-    let gamma: Vec<f32> = (0..ku).map(|_| 1.0 + 0.5 * unit(&mut st)).collect();
-    let beta: Vec<f32> = (0..ku).map(|_| 0.5 * unit(&mut st)).collect();
-    let eps = 1e-5f32;
-    let mean = x.iter().map(|v| *v as f64).sum::<f64>() / ku as f64;
-    let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / ku as f64;
-    let inv = 1.0 / (var + eps as f64).sqrt();
-    let xn: Vec<f64> = (0..ku).map(|i| (x[i] as f64 - mean) * inv * gamma[i] as f64 + beta[i] as f64).collect();
-    let dot = |row: &[u16], xs: &mut dyn Iterator<Item = f64>| -> f64 {
-        row.iter().zip(xs).map(|(b, xv)| half::f16::from_bits(*b).to_f64() * xv).sum()
-    };
-    let reference: Vec<f64> = wbits.chunks_exact(ku).map(|row| dot(row, &mut x.iter().map(|v| *v as f64))).collect();
-    let reference_ln: Vec<f64> = wbits.chunks_exact(ku).map(|row| dot(row, &mut xn.iter().copied())).collect();
-    let xb = gpu.upload_f32("lab gemv_rows x", &x)?;
-    let gb = gpu.upload_f32("lab gemv_rows gamma", &gamma)?;
-    let bb = gpu.upload_f32("lab gemv_rows beta", &beta)?;
-    let wb = gpu.upload("lab gemv_rows w", bytemuck::cast_slice(&wbits))?;
-    drop(wbits);
-    let zero = gpu.buffer("lab gemv_rows zero", 16)?;
-    let params = lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
-    let params_ln = lab.uniform(&[1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0]);
-    let ys = (0..reps).map(|_| gpu.buffer("lab gemv_rows y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
-    let shipped = engine::kernels::GEMV_ROWS_SOURCE;
-    let groups_line = "const GROUPS: u32 = 8u;";
-    assert!(shipped.contains(groups_line), "gemv_rows.wgsl no longer declares {groups_line}");
-    let mut rows = Vec::new();
-    for (name, groups, ln, change) in [
-        ("gemv_rows", 8u32, false, "kernels/gemv_rows.wgsl: W row-major, 8 x 32 threads, 32 rows a WG"),
-        ("gemv_rows.g4", 4, false, "gemv_rows, 4 groups of 32 threads, 16 rows a workgroup"),
-        ("gemv_rows.g2", 2, false, "gemv_rows, 2 groups of 32 threads, 8 rows a workgroup"),
-        ("gemv_rows.ln", 8, true, "gemv_rows with the LayerNorm folded in (flag 16)"),
-        ("gemv_rows.g4.ln", 4, true, "gemv_rows.g4 with the LayerNorm folded in"),
-        ("gemv_rows.g2.ln", 2, true, "gemv_rows.g2 with the LayerNorm folded in"),
-    ] {
-        let src = if groups == 8 {
-            shipped.to_string()
-        } else {
-            let to = format!("const GROUPS: u32 = {groups}u;");
-            let src = engine::kernels::rewrite_source(name, shipped, &[(groups_line, to.as_str())])?;
-            assert!(src.contains(&to), "{name}: the rewrite did not apply");
-            src
-        };
-        let mut row = Row::new(Section::Gemv, name, change);
-        row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
-        eprintln!("  {name}");
-        let r = Access::Read;
-        let kernel = gpu.kernel(static_name(&format!("lab.{name}")), &src, &[r, r, r, r, r, Access::ReadWrite])?;
-        let g = grid(n.div_ceil(4 * groups) as u64);
-        let (pr, gm, bt, want) =
-            if ln { (&params_ln, &gb, &bb, &reference_ln) } else { (&params, &zero, &zero, &reference) };
-        let binds: Vec<wgpu::BindGroup> =
-            ys.iter().map(|y| lab.bind(&kernel, pr, &[&xb, &wb, &zero, gm, bt, y])).collect();
-        gpu.fill_u32(&ys[0], 0x7fc0_0000);
-        lab.run_once(&kernel, &binds[0], g)?;
-        let got = gpu.read_f32(&ys[0], 0, nu)?;
-        let rel = rel_to(&got, want);
-        if !rel.is_finite() || rel > REL_BOUND {
-            row.check = format!("WRONG rel {rel:.1e}");
-            rows.push(row);
-            continue;
-        }
-        row.check = format!("ok {rel:.0e}");
-        row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
-        row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
-        rows.push(row);
-    }
-    Ok(rows)
-}
-
 /// gemv_common.wgsl's `ln_stats` (two passes over the row: the mean's tree, then the
 /// squared deviations' tree) replaced by one tree of (count, mean, M2) merged pairwise
 /// (Welford per thread, Chan et al.'s merge: as stable, one tree fewer) or by one pass over
@@ -1645,11 +1567,13 @@ fn ln_stats(xb: u32, slot: u32, lid: u32) {
     Ok(out)
 }
 
-/// The decode GEMVs with and without the LayerNorm folded in, on --n x --k: the shipped
-/// k-major `main_m1` (the decoder's QKV, cross-attention query and fc1 run it with flag 16)
-/// and the row-major logits kernel, with the statistics computed as shipped or rewritten
-/// (`ln_stats_variant`). What the fold costs a dispatch, and what a cheaper reduction saves.
-fn gemv_ln_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
+/// The decode GEMVs on --n x --k, each with and without the LayerNorm folded in: the
+/// shipped k-major `main_m1` (the decoder's QKV, cross-attention query and fc1 run it with
+/// flag 16) and the row-major logits kernel (gemv_rows.wgsl, its matrix stored [N][K] as
+/// the embedding table is), with the statistics as shipped or rewritten
+/// (`ln_stats_variant`), `main_m1`'s loads-ahead put back (`.ln.late`), and gemv_rows with
+/// 4 or 2 groups of 32 threads a workgroup instead of 8 (shorter workgroups, more of them).
+fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
     let gpu = lab.gpu;
     let (nu, ku) = (n as usize, k as usize);
     let mut st = 0x1a7e_5eed_u64;
@@ -1677,18 +1601,21 @@ fn gemv_ln_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
     let rowmajor = |xs: &[f64]| -> Vec<f64> {
         wbits.chunks_exact(ku).map(|row| row.iter().zip(xs).map(|(b, v)| half::f16::from_bits(*b).to_f64() * v).sum()).collect()
     };
-    let refs = [(kmajor(&xr), kmajor(&xn)), (rowmajor(&xr), rowmajor(&xn))];
-    let xb = gpu.upload_f32("lab ln x", &x)?;
-    let gb = gpu.upload_f32("lab ln gamma", &gamma)?;
-    let bb = gpu.upload_f32("lab ln beta", &beta)?;
-    let wb = gpu.upload("lab ln w", bytemuck::cast_slice(&wbits))?;
+    // [layout][LayerNorm]: k-major, row-major; without, with.
+    let refs = [[kmajor(&xr), kmajor(&xn)], [rowmajor(&xr), rowmajor(&xn)]];
+    let xb = gpu.upload_f32("lab decode gemv x", &x)?;
+    let gb = gpu.upload_f32("lab decode gemv gamma", &gamma)?;
+    let bb = gpu.upload_f32("lab decode gemv beta", &beta)?;
+    let wb = gpu.upload("lab decode gemv w", bytemuck::cast_slice(&wbits))?;
     drop(wbits);
-    let zero = gpu.buffer("lab ln zero", 16)?;
+    let zero = gpu.buffer("lab decode gemv zero", 16)?;
     let params = lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
     let params_ln = lab.uniform(&[1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0]);
-    let ys = (0..reps).map(|_| gpu.buffer("lab ln y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
-    let mut rows = Vec::new();
-    for (family, src, entry, per_wg, refi) in [
+    let ys = (0..reps).map(|_| gpu.buffer("lab decode gemv y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
+
+    // (name, change, source, entry, outputs per workgroup, layout, LayerNorm)
+    let mut variants: Vec<(String, String, String, &str, u32, usize, bool)> = Vec::new();
+    for (family, src, entry, per_wg, layout) in [
         ("m1", engine::kernels::GEMV_SOURCE, "main_m1", 16u32, 0usize),
         ("rows", engine::kernels::GEMV_ROWS_SOURCE, "main", 32, 1),
     ] {
@@ -1713,30 +1640,42 @@ fn gemv_ln_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>> {
                 }
                 code = code.replace(ahead, "const LN_AHEAD: bool = false;");
             }
-            let mut row = Row::new(Section::Gemv, &name, &format!("{family}: {change}"));
-            row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
-            eprintln!("  {name}");
-            let r = Access::Read;
-            let kernel = gpu.kernel_entry(static_name(&format!("lab.{name}")), &code, entry, &[r, r, r, r, r, Access::ReadWrite])?;
-            let g = grid(n.div_ceil(per_wg) as u64);
-            let (pr, gm, bt) = if ln { (&params_ln, &gb, &bb) } else { (&params, &zero, &zero) };
-            let want = if ln { &refs[refi].1 } else { &refs[refi].0 };
-            let binds: Vec<wgpu::BindGroup> =
-                ys.iter().map(|y| lab.bind(&kernel, pr, &[&xb, &wb, &zero, gm, bt, y])).collect();
-            gpu.fill_u32(&ys[0], 0x7fc0_0000);
-            lab.run_once(&kernel, &binds[0], g)?;
-            let got = gpu.read_f32(&ys[0], 0, nu)?;
-            let rel = rel_to(&got, want);
-            if !rel.is_finite() || rel > REL_BOUND {
-                row.check = format!("WRONG rel {rel:.1e}");
-                rows.push(row);
-                continue;
-            }
+            variants.push((name, format!("{family}: {change}"), code, entry, per_wg, layout, ln));
+        }
+    }
+    let groups_line = "const GROUPS: u32 = 8u;";
+    for groups in [4u32, 2] {
+        let to = format!("const GROUPS: u32 = {groups}u;");
+        let name = format!("rows.g{groups}");
+        let code = engine::kernels::rewrite_source(&name, engine::kernels::GEMV_ROWS_SOURCE, &[(groups_line, to.as_str())])?;
+        assert!(code.contains(&to), "{name}: the rewrite did not apply");
+        let change = format!("rows: {groups} groups of 32 threads, {} rows a workgroup", 4 * groups);
+        variants.push((name.clone(), change.clone(), code.clone(), "main", 4 * groups, 1, false));
+        variants.push((format!("{name}.ln"), format!("{change}, LayerNorm"), code, "main", 4 * groups, 1, true));
+    }
+
+    let mut rows = Vec::new();
+    for (name, change, code, entry, per_wg, layout, ln) in variants {
+        let mut row = Row::new(Section::Gemv, &name, &change);
+        row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
+        eprintln!("  {name}");
+        let r = Access::Read;
+        let kernel = gpu.kernel_entry(static_name(&format!("lab.{name}")), &code, entry, &[r, r, r, r, r, Access::ReadWrite])?;
+        let g = grid(n.div_ceil(per_wg) as u64);
+        let (pr, gm, bt) = if ln { (&params_ln, &gb, &bb) } else { (&params, &zero, &zero) };
+        let binds: Vec<wgpu::BindGroup> =
+            ys.iter().map(|y| lab.bind(&kernel, pr, &[&xb, &wb, &zero, gm, bt, y])).collect();
+        gpu.fill_u32(&ys[0], 0x7fc0_0000);
+        lab.run_once(&kernel, &binds[0], g)?;
+        let rel = rel_to(&gpu.read_f32(&ys[0], 0, nu)?, &refs[layout][ln as usize]);
+        if !rel.is_finite() || rel > REL_BOUND {
+            row.check = format!("WRONG rel {rel:.1e}");
+        } else {
             row.check = format!("ok {rel:.0e}");
             row.dep = Some(lab.time(&kernel, &binds[..1], g, reps)?);
             row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
-            rows.push(row);
         }
+        rows.push(row);
     }
     Ok(rows)
 }
@@ -1942,8 +1881,7 @@ fn run(args: &Args) -> LabResult<()> {
     eprintln!("copy ceiling ({} MiB)", mib(copy_bytes));
     rows.extend(copy_rows(&lab, copy_bytes, args.reps)?);
     if args.rows_only {
-        rows.extend(gemv_rows_rows(&lab, args.n, args.k, args.reps)?);
-        rows.extend(gemv_ln_rows(&lab, args.n, args.k, args.reps)?);
+        rows.extend(decode_gemv_rows(&lab, args.n, args.k, args.reps)?);
         gpu.check()?;
         print_table(&rows, &clock_note);
         return Ok(());
@@ -2000,8 +1938,8 @@ fn run(args: &Args) -> LabResult<()> {
         rows.push(gemv_row(&lab, &data, v, args.reps, sg_min)?);
     }
     drop(data);
-    eprintln!("row-major gemv");
-    rows.extend(gemv_rows_rows(&lab, args.n, args.k, args.reps)?);
+    eprintln!("decode gemvs (k-major m1, row-major logits), with and without the LayerNorm");
+    rows.extend(decode_gemv_rows(&lab, args.n, args.k, args.reps)?);
     eprintln!("quantized gemv");
     rows.extend(gemv_q_rows(&lab, args.n, args.k, args.reps)?);
 

@@ -8,20 +8,7 @@
 // cache [T][d] or the fused cross-attention K|V [1500][2d] serve directly, without copies.
 // causal != 0: query i sees keys j <= i + causal_offset (positions already in the cache).
 
-struct Params {
-    tq: u32, tk: u32, heads: u32, d: u32,
-    q_off: u32, q_stride: u32, k_off: u32, k_stride: u32,
-    v_off: u32, v_stride: u32, o_off: u32, o_stride: u32,
-    causal: u32, causal_offset: u32, scale: f32, split_keys: u32,
-    // main_split only: 1 = a single split, write the normalised output to `o` (no merge).
-    direct: u32, _p0: u32, _p1: u32, _p2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> o: array<f32>;
+// Params and bindings: attention_io.wgsl (prepended).
 
 const WG: u32 = 64u;
 const MAXD: u32 = 128u;

@@ -55,19 +55,7 @@
 // does less work per warp than main_tiled: ~8 FMAs per workgroup-memory load on paper,
 // but three barriers and a softmax exchange per 32 keys.
 
-struct Params {
-    tq: u32, tk: u32, heads: u32, d: u32,
-    q_off: u32, q_stride: u32, k_off: u32, k_stride: u32,
-    v_off: u32, v_stride: u32, o_off: u32, o_stride: u32,
-    causal: u32, causal_offset: u32, scale: f32, split_keys: u32,
-    direct: u32, _p0: u32, _p1: u32, _p2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> o: array<f32>;
+// Params and bindings: attention_io.wgsl (prepended), as attention.wgsl's.
 
 const BQ: u32 = 32u;
 const BK: u32 = 32u;

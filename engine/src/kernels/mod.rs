@@ -93,9 +93,10 @@ pub const GEMV_ROWS_SOURCE: &str =
 /// Outputs per workgroup of gemv_rows.wgsl (GROUPS = 8 x RPG = 4).
 const GEMV_ROWS_OUTPUTS: u32 = 32;
 /// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
-pub const ATTENTION_SOURCE: &str = include_str!("attention.wgsl");
+pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention_io.wgsl"), include_str!("attention.wgsl"));
 /// attention_blocked.wgsl: the register-blocked attention for many queries of head_dim 64.
-pub const ATTENTION_BLOCKED_SOURCE: &str = include_str!("attention_blocked.wgsl");
+pub const ATTENTION_BLOCKED_SOURCE: &str =
+    concat!(include_str!("attention_io.wgsl"), include_str!("attention_blocked.wgsl"));
 /// Queries per workgroup of attention_blocked.wgsl.
 const ATTENTION_BLOCKED_QUERIES: u32 = 32;
 /// Keys per block of attention_blocked.wgsl: its key splits are whole blocks.
@@ -507,13 +508,13 @@ impl Kernels {
             gemv_q8_wide: gpu.kernel_entry("gemv_wide_q8_0", &gemv_q_wide_source()?, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4_wide: gpu.kernel_entry("gemv_wide_q4_0", &gemv_q_wide_source()?, "main_q4", &[R, R, R, R, R, R, W])?,
             layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
-            attention: gpu.kernel("attention", include_str!("attention.wgsl"), &[R, R, R, W])?,
-            attention_tiled: gpu.kernel_entry("attention_tiled", include_str!("attention.wgsl"), "main_tiled", &[R, R, R, W])?,
+            attention: gpu.kernel("attention", ATTENTION_SOURCE, &[R, R, R, W])?,
+            attention_tiled: gpu.kernel_entry("attention_tiled", ATTENTION_SOURCE, "main_tiled", &[R, R, R, W])?,
             attention_blocked: gpu.kernel_entry("attention_blocked", ATTENTION_BLOCKED_SOURCE, "main_blocked", &[R, R, R, W])?,
             force_tiled_attention: std::env::var("VERBATIM_ATTENTION_TILED").is_ok_and(|v| !v.is_empty() && v != "0"),
             blocked_partials: None,
-            attention_split: gpu.kernel_entry("attention_split", include_str!("attention.wgsl"), "main_split", &[R, R, R, W])?,
-            attention_merge: gpu.kernel_entry("attention_merge", include_str!("attention.wgsl"), "main_merge", &[R, R, R, W])?,
+            attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
+            attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
