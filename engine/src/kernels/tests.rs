@@ -622,6 +622,13 @@ fn attention_merged_into_the_projection_matches_reference() {
     assert!(rw.is_err(), "rows of an odd width cannot be packed in pairs");
     let rw = F16Rows::from_bits(g, "rw", &[0u16; 8], 2, 4).unwrap();
     assert!(kern.linear_rows(&mut rec, Rows::new(&y, 4), 0, None, &rw, None, Rows::new(&y, 2), ep).is_err());
+    // The blocked attention takes head_dim 64 without a causal mask over at least one key:
+    // anything else is an error, not a wrong output.
+    let blocked = AttentionArgs { tq: 40, ..args };
+    assert!(kern.attention_blocked(&mut rec, &blocked).is_ok());
+    assert!(kern.attention_blocked(&mut rec, &AttentionArgs { head_dim: 32, ..blocked }).is_err());
+    assert!(kern.attention_blocked(&mut rec, &AttentionArgs { causal: Some(0), ..blocked }).is_err());
+    assert!(kern.attention_blocked(&mut rec, &AttentionArgs { tk: 0, ..blocked }).is_err());
 }
 
 #[test]
