@@ -381,6 +381,13 @@ fn bench(args: &Args) -> Result<(), String> {
     for i in 0..prof_steps {
         model.advance(&[text_token(i + 4)], &rules).map_err(err)?;
     }
+    // Verify passes of the most positions, each rolled back: the table's "verify" rows.
+    let prof_passes = if model.max_verify() > 0 { 16 } else { 0 };
+    let verify_tokens: Vec<u32> = (0..model.max_verify()).map(|i| text_token(i + 4)).collect();
+    for _ in 0..prof_passes {
+        model.verify(&verify_tokens, &vec![rules; verify_tokens.len()]).map_err(err)?;
+        model.rollback(verify_tokens.len()).map_err(err)?;
+    }
     gpu.pause_profiling(true);
     let profile = model.profile.clone();
 
@@ -469,7 +476,7 @@ fn bench(args: &Args) -> Result<(), String> {
         println!("{l}");
     }
     println!();
-    kernel_table(&profile, copy_gbs, prof_steps);
+    kernel_table(&profile, copy_gbs, prof_steps, prof_passes, verify_tokens.len());
     Ok(())
 }
 
@@ -576,24 +583,33 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
 }
 
 /// The per-kernel table: GPU time per dispatch from timestamp queries, GB/s and % of copy.
-fn kernel_table(p: &Profile, copy_gbs: f64, steps: usize) {
+fn kernel_table(p: &Profile, copy_gbs: f64, steps: usize, passes: usize, positions: usize) {
     if !p.timed {
         println!("(no timestamp queries on this adapter: no per-kernel table)");
         return;
     }
-    println!("Per kernel (one window, 4-token prefill, {steps} decode steps; timestamps, a pass per dispatch):");
+    println!(
+        "Per kernel (one window, 4-token prefill, {steps} decode steps, {passes} verify passes of {positions} positions; timestamps, a pass per dispatch):"
+    );
     println!();
-    println!("| kernel | stage | dispatches | per step | mean µs | total ms | GB/s | % copy | GFLOP/s |");
+    println!("| kernel | stage | dispatches | per step / pass | mean µs | total ms | GB/s | % copy | GFLOP/s |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut total = 0.0;
     let mut decode_ns = 0.0;
+    let mut verify_ns = 0.0;
     for k in p.stats() {
         let mean_us = k.gpu_ns / 1e3 / k.dispatches.max(1) as f64;
         let gbs = if k.gpu_ns > 0.0 { k.bytes as f64 / k.gpu_ns } else { 0.0 };
         let gflops = if k.gpu_ns > 0.0 { k.flops as f64 / k.gpu_ns } else { 0.0 };
-        let per_step = if k.stage == "decode" { format!("{:.1}", k.dispatches as f64 / steps as f64) } else { String::new() };
-        if k.stage == "decode" {
-            decode_ns += k.gpu_ns;
+        let per_step = match k.stage {
+            "decode" => format!("{:.1}", k.dispatches as f64 / steps as f64),
+            "verify" => format!("{:.1}", k.dispatches as f64 / passes.max(1) as f64),
+            _ => String::new(),
+        };
+        match k.stage {
+            "decode" => decode_ns += k.gpu_ns,
+            "verify" => verify_ns += k.gpu_ns,
+            _ => {}
         }
         total += k.gpu_ns;
         println!(
@@ -611,10 +627,11 @@ fn kernel_table(p: &Profile, copy_gbs: f64, steps: usize) {
     }
     println!();
     println!(
-        "{} dispatches, {:.3} ms of GPU time; decode steps {:.4} ms/token of GPU time (timed passes)",
+        "{} dispatches, {:.3} ms of GPU time; decode steps {:.4} ms/token, verify passes {:.4} ms/pass of GPU time (timed passes)",
         p.total_dispatches(),
         total / 1e6,
-        decode_ns / 1e6 / steps.max(1) as f64
+        decode_ns / 1e6 / steps.max(1) as f64,
+        verify_ns / 1e6 / passes.max(1) as f64
     );
 }
 

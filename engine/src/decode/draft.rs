@@ -15,8 +15,10 @@
 //!   text so far (the previous windows' text is in the prompt); what followed their latest
 //!   earlier occurrence is the draft.
 //!
-//! The draft length adapts: doubled after a fully accepted draft, halved after a draft
-//! rejected at its first token.
+//! The n-gram draft's length adapts: doubled after a fully accepted draft, halved after a
+//! draft rejected at its first token. The hint, while the window follows it, is drafted as
+//! far as a verify pass takes: it is the same audio's transcript of half a second before and
+//! mostly holds, and a pass of 8 positions costs ~1.5x one of 4 (bench/RESULTS.md).
 
 use std::str::FromStr;
 
@@ -97,15 +99,16 @@ impl Drafter {
     /// Up to `min(limit, current length)` tokens likely to follow `sampled` (this window's
     /// tokens so far), given `prompt` (the window's prompt, previous text included).
     pub fn propose(&self, prompt: &[u32], sampled: &[u32], limit: usize) -> Vec<u32> {
+        let take_n = |from: &[u32], n: usize| -> Vec<u32> { from.iter().take(n).take_while(|&&t| t != self.stop).copied().collect() };
+        // The hint, while this window follows it: as far as the pass takes.
+        if sampled.len() < self.hint.len() && self.hint.starts_with(sampled) {
+            return take_n(&self.hint[sampled.len()..], limit);
+        }
         let want = self.len.min(limit);
         if want == 0 {
             return Vec::new();
         }
-        let take = |from: &[u32]| -> Vec<u32> { from.iter().take(want).take_while(|&&t| t != self.stop).copied().collect() };
-        // The hint, while this window follows it.
-        if sampled.len() < self.hint.len() && self.hint.starts_with(sampled) {
-            return take(&self.hint[sampled.len()..]);
-        }
+        let take = |from: &[u32]| take_n(from, want);
         let ctx: Vec<u32> = prompt.iter().chain(sampled).copied().collect();
         for n in (1..=MAX_NGRAM.min(sampled.len())).rev() {
             let key = &ctx[ctx.len() - n..];
@@ -160,10 +163,13 @@ mod tests {
 
     #[test]
     fn draft_follows_the_hint_while_the_window_agrees_with_it() {
-        let d = Drafter::new(&[5, 6, 7, 8, 9, 10], EOT);
-        assert_eq!(d.propose(&[1, 2], &[], 8), vec![5, 6, 7, 8]);
+        let d = Drafter::new(&[5, 6, 7, 8, 9, 10, 11], EOT);
+        // Followed: as much of the hint as the pass takes.
+        assert_eq!(d.propose(&[1, 2], &[], 5), vec![5, 6, 7, 8, 9]);
         assert_eq!(d.propose(&[1, 2], &[5, 6], 3), vec![7, 8, 9]);
-        // Diverged: the n-gram lookup finds "6" in the hint and drafts what followed it.
+        assert_eq!(d.propose(&[1, 2], &[5, 6], 0), Vec::<u32>::new());
+        // Diverged: the n-gram lookup finds "6" in the hint and drafts what followed it,
+        // at the n-gram draft's length (4 at first).
         assert_eq!(d.propose(&[1, 2], &[5, 40, 6], 8), vec![7, 8, 9, 10]);
     }
 
@@ -182,19 +188,25 @@ mod tests {
 
     #[test]
     fn draft_length_adapts_to_acceptance() {
-        let mut d = Drafter::new(&[1; 20], EOT);
-        assert_eq!(d.propose(&[], &[], 20).len(), 4);
+        // N-gram drafts ("7" is followed by twenty tokens in the prompt).
+        let mut d = Drafter::new(&[], EOT);
+        let prompt: Vec<u32> = [7].into_iter().chain(20..40).collect();
+        assert_eq!(d.propose(&prompt, &[7], 20).len(), 4);
         d.record(4, 4, 7);
-        assert_eq!(d.propose(&[], &[], 20).len(), 7);
+        assert_eq!(d.propose(&prompt, &[7], 20).len(), 7);
         d.record(7, 0, 7);
-        assert_eq!(d.propose(&[], &[], 20).len(), 3);
+        assert_eq!(d.propose(&prompt, &[7], 20).len(), 3);
         d.record(3, 1, 7);
-        assert_eq!(d.propose(&[], &[], 20).len(), 3);
+        assert_eq!(d.propose(&prompt, &[7], 20).len(), 3);
         d.record(3, 0, 7);
         d.record(1, 0, 7);
         d.record(1, 0, 7);
-        assert_eq!(d.propose(&[], &[], 20).len(), 1);
-        assert_eq!(d.propose(&[], &[], 0).len(), 0);
+        assert_eq!(d.propose(&prompt, &[7], 20).len(), 1);
+        assert_eq!(d.propose(&prompt, &[7], 0).len(), 0);
+        // A followed hint is drafted whole whatever the n-gram length.
+        let mut h = Drafter::new(&[1; 20], EOT);
+        h.record(4, 0, 7);
+        assert_eq!(h.propose(&[], &[], 7).len(), 7);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! `--timings` in the CLI and the timing panel in the window.
 //!
 //! Parameters: each dispatch's small uniform block is written into a 256-byte slot of an
-//! "arena" buffer; all slots are uploaded with one `write_buffer` per arena just before the
+//! "arena" buffer (a larger block, such as the per-row parameters of a multi-row selection,
+//! into as many consecutive slots as it needs); all slots are uploaded with one `write_buffer` per arena just before the
 //! submit (queue writes are ordered before the submit that follows them), so a dispatch
 //! costs no buffer creation. Arenas go back to a pool on the `Gpu` after the submit: a later
 //! recorder's `write_buffer` is ordered after this submission, so reuse is safe.
@@ -19,6 +20,13 @@ use crate::{Error, Result};
 const SLOT: u64 = 256;
 /// Slots per arena buffer.
 const SLOTS_PER_ARENA: u64 = 256;
+/// The most consecutive slots one parameter block may take (2 KiB).
+const MAX_SLOTS_PER_BLOCK: u64 = 8;
+
+/// Bytes of arena a parameter block of `len` bytes takes: whole slots, at least one.
+fn slot_bytes(len: usize) -> u64 {
+    (len as u64).div_ceil(SLOT).max(1) * SLOT
+}
 /// wgpu caps a query set at 4096 queries: 2 per timed dispatch.
 const MAX_TIMED: usize = 2048;
 
@@ -129,7 +137,8 @@ enum Cmd {
 #[derive(Default)]
 pub struct DispatchCache {
     arenas: Vec<wgpu::Buffer>,
-    binds: Vec<Option<(&'static str, Vec<wgpu::Buffer>, wgpu::BindGroup)>>,
+    /// Per slot: the kernel, its parameter block's size, its buffers and the bind group.
+    binds: Vec<Option<(&'static str, u64, Vec<wgpu::Buffer>, wgpu::BindGroup)>>,
 }
 
 pub struct Recorder<'g> {
@@ -240,13 +249,15 @@ impl<'g> Recorder<'g> {
         self.cmds.is_empty()
     }
 
-    /// Write `params` into the next uniform slot; returns (arena index, byte offset).
+    /// Write `params` into the next uniform slots (one, or as many consecutive ones as a
+    /// larger block needs); returns (arena index, byte offset).
     fn param_slot(&mut self, params: &[u8]) -> Result<(usize, u64)> {
-        if params.len() as u64 > SLOT {
-            return Err(Error::Invalid(format!("kernel parameters of {} bytes exceed a slot", params.len())));
+        let size = slot_bytes(params.len());
+        if size > SLOT * MAX_SLOTS_PER_BLOCK {
+            return Err(Error::Invalid(format!("kernel parameters of {} bytes exceed {MAX_SLOTS_PER_BLOCK} slots", params.len())));
         }
         let need_new = match self.arenas.last() {
-            Some((_, data, _)) => data.len() as u64 >= SLOT * SLOTS_PER_ARENA,
+            Some((_, data, _)) => data.len() as u64 + size > SLOT * SLOTS_PER_ARENA,
             None => true,
         };
         if need_new {
@@ -272,7 +283,7 @@ impl<'g> Recorder<'g> {
         let data = &mut self.arenas[idx].1;
         let off = data.len() as u64;
         data.extend_from_slice(params);
-        data.resize((off + SLOT) as usize, 0);
+        data.resize((off + size) as usize, 0);
         Ok((idx, off))
     }
 
@@ -302,11 +313,15 @@ impl<'g> Recorder<'g> {
             return Ok(()); // nothing to do (an empty range)
         }
         let (ai, off) = self.param_slot(params)?;
+        let param_bytes = slot_bytes(params.len());
         self.slots.push((ai, off));
         let slot = (ai as u64 * SLOTS_PER_ARENA + off / SLOT) as usize;
         let reuse = self.cache.as_ref().and_then(|c| match c.binds.get(slot) {
-            Some(Some((name, bufs, bg)))
-                if *name == kernel.name && bufs.len() == buffers.len() && bufs.iter().zip(buffers).all(|(a, b)| a == *b) =>
+            Some(Some((name, size, bufs, bg)))
+                if *name == kernel.name
+                    && *size == param_bytes
+                    && bufs.len() == buffers.len()
+                    && bufs.iter().zip(buffers).all(|(a, b)| a == *b) =>
             {
                 Some(bg.clone())
             }
@@ -321,7 +336,7 @@ impl<'g> Recorder<'g> {
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: &self.arenas[ai].0,
                         offset: off,
-                        size: wgpu::BufferSize::new(SLOT),
+                        size: wgpu::BufferSize::new(param_bytes),
                     }),
                 });
                 for (i, b) in buffers.iter().enumerate() {
@@ -336,7 +351,7 @@ impl<'g> Recorder<'g> {
                     if c.binds.len() <= slot {
                         c.binds.resize(slot + 1, None);
                     }
-                    c.binds[slot] = Some((kernel.name, buffers.iter().map(|b| (*b).clone()).collect(), bg.clone()));
+                    c.binds[slot] = Some((kernel.name, param_bytes, buffers.iter().map(|b| (*b).clone()).collect(), bg.clone()));
                 }
                 bg
             }

@@ -19,6 +19,11 @@ use crate::{Error, Result};
 
 /// Workgroups of the selection's first pass (`GROUPS` in select.wgsl).
 const SELECT_GROUPS: u64 = 64;
+/// Rows one multi-row selection takes (`SELECT_ROWS` in select.wgsl: the parameter block
+/// of every selection dispatch is this many parameter sets), as many as a verify pass has.
+pub const SELECT_ROWS: usize = GEMV_MAX_ROWS as usize;
+/// Words of one row's partials (64 x 9, then the probe logit).
+const SELECT_ROW_PARTIALS: u64 = SELECT_GROUPS * 9 + 1;
 
 /// Column pairs per GEMV workgroup (`CP` in gemv.wgsl).
 const GEMV_COLUMN_PAIRS: u32 = 8;
@@ -480,7 +485,10 @@ pub struct Kernels {
     select_partial: Arc<Kernel>,
     /// The selection's merge writing only the chosen id (drafts chosen on the GPU).
     select_pick: Arc<Kernel>,
-    /// 64 partial reductions of the logits + the probe logit (see select.wgsl).
+    /// The selection of several rows, each under its own parameters (a verify pass).
+    select_partial_rows: Arc<Kernel>,
+    select_rows: Arc<Kernel>,
+    /// Per row: 64 partial reductions of the logits + the probe logit (see select.wgsl).
     select_partials: Buffer,
     zero: Buffer,
 }
@@ -521,7 +529,9 @@ impl Kernels {
             select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
             select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W, W])?,
             select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W, W])?,
-            select_partials: gpu.buffer("select partials", (SELECT_GROUPS * 9 + 1) * 4)?,
+            select_partial_rows: gpu.kernel_entry("select_partial_rows", include_str!("select.wgsl"), "main_partial_rows", &[R, R, W, W])?,
+            select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W])?,
+            select_partials: gpu.buffer("select partials", SELECT_ROW_PARTIALS * SELECT_ROWS as u64 * 4)?,
             zero: gpu.buffer("zero", 16)?,
         })
     }
@@ -647,8 +657,9 @@ impl Kernels {
         cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };
         let b = bias.unwrap_or(&self.zero);
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
-        let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS));
-        rec.dispatch(&self.gemv_rows, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], m], cost)
+        // Row fastest in the grid: a block's rows run side by side (gemv_rows.wgsl).
+        let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m);
+        rec.dispatch(&self.gemv_rows, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
     }
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · deq(W)ᵀ + b) (`norm` Some) or act(x[r] · deq(W)ᵀ + b)
@@ -1010,7 +1021,8 @@ impl Kernels {
     /// The masked reductions of one row of logits (see select.wgsl); 8 words into `out`.
     pub(crate) fn select(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &SelectParams, out: &Buffer) -> Result<()> {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
-        let p = bytemuck::bytes_of(params);
+        let block = select_block(std::slice::from_ref(params))?;
+        let p = bytemuck::bytes_of(&block);
         // (no timestamp state: `zero` is bound where main_partial would read it)
         rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, &self.zero], [SELECT_GROUPS as u32, 1, 1], cost)?;
         let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 32, flops: SELECT_GROUPS * 9 };
@@ -1034,11 +1046,42 @@ impl Kernels {
         ids: &Buffer,
     ) -> Result<()> {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
-        let p = bytemuck::bytes_of(params);
+        let block = select_block(std::slice::from_ref(params))?;
+        let p = bytemuck::bytes_of(&block);
         rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, ids], [SELECT_GROUPS as u32, 1, 1], cost)?;
         let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 36, flops: SELECT_GROUPS * 9 };
         rec.dispatch(&self.select_pick, p, &[&self.select_partials, suppress, out, ids], [1, 1, 1], merge)
     }
+
+    /// [`Kernels::select`] of up to [`SELECT_ROWS`] rows in one pair of dispatches, row `i`
+    /// under `params[i]` (its own logit_off, out_off and masks): a verify pass's
+    /// selections, each row's scores bit for bit what `select` gives it alone.
+    pub(crate) fn select_rows(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &[SelectParams], out: &Buffer) -> Result<()> {
+        let block = select_block(params)?;
+        if params.iter().any(|p| p.flags & (SELECT_FLAG_RULES_FROM_STATE | SELECT_FLAG_TRACK_STATE) != 0) {
+            return Err(Error::Invalid("select_rows: the timestamp state is for single-row picks".into()));
+        }
+        let rows = params.len() as u64;
+        let vocab: u64 = params.iter().map(|p| p.vocab as u64).sum();
+        let cost = Cost { bytes: vocab * 4 + vocab / 8, flops: vocab * 4 };
+        let p = bytemuck::bytes_of(&block);
+        // (no timestamp state: `zero` is bound where main_partial_rows would read it)
+        let bufs = [logits, suppress, &self.select_partials, &self.zero];
+        rec.dispatch(&self.select_partial_rows, p, &bufs, [SELECT_GROUPS as u32, rows as u32, 1], cost)?;
+        let merge = Cost { bytes: rows * (SELECT_GROUPS * 9 * 4 + 32), flops: rows * SELECT_GROUPS * 9 };
+        rec.dispatch(&self.select_rows, p, &[&self.select_partials, suppress, out], [rows as u32, 1, 1], merge)
+    }
+}
+
+/// The selection kernels' parameter block: `params` first, the rest of the
+/// [`SELECT_ROWS`] sets zero.
+fn select_block(params: &[SelectParams]) -> Result<[SelectParams; SELECT_ROWS]> {
+    if params.is_empty() || params.len() > SELECT_ROWS {
+        return Err(Error::Invalid(format!("a selection of {} rows (1 to {SELECT_ROWS})", params.len())));
+    }
+    let mut block = [SelectParams::zeroed(); SELECT_ROWS];
+    block[..params.len()].copy_from_slice(params);
+    Ok(block)
 }
 
 fn attention_params(a: &AttentionArgs) -> Result<(AttentionParams, Cost)> {

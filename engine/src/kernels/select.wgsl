@@ -25,8 +25,12 @@
 // text" checked) for the host to compare with its own; with flag 16 main_pick pushes its
 // choice into the state (TsState::push). Flag 4: apply "timestamps beat text" (the
 // timestamps' log-sum-exp above the best text logit picks the best timestamp).
-// `out_off` lets a verify pass select several rows (one pair of dispatches per row) into
-// one buffer read back once.
+// `out_off` places a row's 8 words in `out`. A verify pass selects all of its rows with one
+// pair of dispatches (`main_partial_rows` on a grid of 64 x rows, `main_rows` on one
+// workgroup per row), each row under its own parameters: the uniform block is an array of
+// SELECT_ROWS parameter sets (the single-row entries read set 0), and each row's partials
+// take their own stretch of the partials buffer. A row's arithmetic is the single row's,
+// in the same order: the verify pass still gives the single steps' scores bit for bit.
 
 struct Params {
     vocab: u32, ts_begin: u32, eot: u32, flags: u32,
@@ -35,7 +39,10 @@ struct Params {
     state_off: u32, rules_off: u32, _p0: u32, _p1: u32,
 }
 
-@group(0) @binding(0) var<uniform> p: Params;
+const SELECT_ROWS: u32 = 8u;
+@group(0) @binding(0) var<uniform> ps: array<Params, SELECT_ROWS>;
+// This invocation's row's parameters (set 0 for the single-row entries), copied at entry.
+var<private> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> suppress: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
@@ -140,10 +147,25 @@ fn tree_merge(lid: u32) {
     }
 }
 
+// Words of one row's partials (GROUPS x PW, then the probe).
+const ROW_PARTIALS: u32 = GROUPS * PW + 1u;
+
 @compute @workgroup_size(256)
 fn main_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    p = ps[0];
+    partial(wg.x, lid, 0u);
+}
+
+@compute @workgroup_size(256)
+fn main_partial_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    p = ps[wg.y];
+    partial(wg.x, lid, wg.y * ROW_PARTIALS);
+}
+
+// Workgroup `group`'s partial over its slice of the vocabulary, written at out[base..].
+fn partial(group: u32, lid: u32, base: u32) {
     let chunk = (p.vocab + GROUPS - 1u) / GROUPS;
-    let lo = wg.x * chunk;
+    let lo = group * chunk;
     let hi = min(p.vocab, lo + chunk);
     var text = Acc(NEG, 0.0, NONE);
     var ts = Acc(NEG, 0.0, NONE);
@@ -169,28 +191,29 @@ fn main_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     rm[2u * WG + lid] = raw.m; rs[2u * WG + lid] = raw.s; ra[2u * WG + lid] = raw.a;
     tree_merge(lid);
     if (lid < 3u) {
-        let b = wg.x * PW + 3u * lid;
+        let b = base + group * PW + 3u * lid;
         out[b] = bitcast<u32>(rm[lid * WG]);
         out[b + 1u] = bitcast<u32>(rs[lid * WG]);
         // The id as a float (exact below 2^24; -1 for none): the merge pass reads partials
         // through the f32 binding, and a bit-cast id would be a denormal some GPUs flush.
         out[b + 2u] = bitcast<u32>(select(f32(ra[lid * WG]), -1.0, ra[lid * WG] == NONE));
     }
-    if (wg.x == 0u && lid == 0u) {
+    if (group == 0u && lid == 0u) {
         if (p.probe < p.vocab) {
-            out[GROUPS * PW] = bitcast<u32>(logits[p.logit_off + p.probe]);
+            out[base + GROUPS * PW] = bitcast<u32>(logits[p.logit_off + p.probe]);
         } else {
-            out[GROUPS * PW] = neg_inf_bits();
+            out[base + GROUPS * PW] = neg_inf_bits();
         }
     }
 }
 
-// Load the 64 partials (bound as `logits`) and merge them into slot 0 of each group.
-fn merge_partials(lid: u32) {
+// Load the 64 partials at logits[base..] (the partials buffer is bound as `logits`) and
+// merge them into slot 0 of each group.
+fn merge_partials(lid: u32, base: u32) {
     for (var g = 0u; g < 3u; g++) {
         var acc = Acc(NEG, 0.0, NONE);
         if (lid < GROUPS) {
-            let b = lid * PW + 3u * g;
+            let b = base + lid * PW + 3u * g;
             let id = logits[b + 2u];
             acc = Acc(logits[b], logits[b + 1u], select(u32(id), NONE, id < 0.0));
         }
@@ -199,8 +222,9 @@ fn merge_partials(lid: u32) {
     tree_merge(lid);
 }
 
-// The 8 output words at out[out_off..] from the merged slots (thread 0 only).
-fn write_scores() {
+// The 8 output words at out[out_off..] from the merged slots (thread 0 only); the probe
+// from the partials at logits[base..].
+fn write_scores(base: u32) {
     let o = p.out_off;
     for (var g = 0u; g < 2u; g++) {
         let i = g * WG;
@@ -215,15 +239,27 @@ fn write_scores() {
         }
     }
     out[o + 6u] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
-    out[o + 7u] = bitcast<u32>(logits[GROUPS * PW]);
+    out[o + 7u] = bitcast<u32>(logits[base + GROUPS * PW]);
 }
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32) {
     // `logits` is the partials buffer here.
-    merge_partials(lid);
+    p = ps[0];
+    merge_partials(lid, 0u);
     if (lid == 0u) {
-        write_scores();
+        write_scores(0u);
+    }
+}
+
+// One workgroup per row of a verify pass.
+@compute @workgroup_size(256)
+fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    p = ps[wg.x];
+    let base = wg.x * ROW_PARTIALS;
+    merge_partials(lid, base);
+    if (lid == 0u) {
+        write_scores(base);
     }
 }
 
@@ -235,10 +271,11 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 // comparisons use the very f32 values written to `out`, as the host's do.
 @compute @workgroup_size(256)
 fn main_pick(@builtin(local_invocation_index) lid: u32) {
-    merge_partials(lid);
+    p = ps[0];
+    merge_partials(lid, 0u);
     if (lid == 0u) {
         let mk = masks();
-        write_scores();
+        write_scores(0u);
         let text_ok = rs[0] != 0.0;
         let ts_ok = rs[WG] != 0.0;
         var id = p.eot;

@@ -750,6 +750,74 @@ fn select_matches_reference() {
     }
 }
 
+/// A verify pass's selection: several rows, each under its own masks, in one pair of
+/// dispatches; every row's 8 words bit for bit what `select` gives the row alone (and
+/// within the reference's tolerance), nothing written between or after the rows.
+#[test]
+fn select_rows_matches_select_row_by_row() {
+    let mut r = rng("select_rows");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
+    for rows in [2usize, 5, SELECT_ROWS] {
+        let logits = rand_vec(&mut r, rows * vocab as usize, 8.0);
+        let suppress: Vec<u32> = (0..40).map(|_| r.random_range(0..vocab)).collect();
+        let sb = g.upload_u32("suppress", &suppress_bitmask(&suppress, vocab)).unwrap();
+        let lb = g.upload_f32("logits", &logits).unwrap();
+        let rules: Vec<StepRules> = (0..rows)
+            .map(|i| {
+                let lo = ts_begin + r.random_range(0..200);
+                StepRules {
+                    mask_text: i % 3 == 1,
+                    mask_non_timestamps: i == 0,
+                    ts_lo: lo,
+                    ts_hi: if i == 4 { lo } else { lo + r.random_range(1..400) },
+                    extra_suppress: [r.random_range(0..vocab), if i == 0 { eot } else { u32::MAX }],
+                    probe: r.random_range(0..vocab),
+                }
+            })
+            .collect();
+        // Rows written with a gap of 8 words after each (poison must survive there).
+        let params: Vec<SelectParams> = (0..rows)
+            .map(|i| SelectParams {
+                out_off: 16 * i as u32,
+                ..select_params(&rules[i], vocab, ts_begin, eot, i as u32 * vocab)
+            })
+            .collect();
+        let ob = poisoned(16 * rows + 8);
+        let mut rec = g.recorder();
+        kern.select_rows(&mut rec, &lb, &sb, &params, &ob).unwrap();
+        rec.submit(None).unwrap();
+        let words = g.read_u32(&ob, 0, 16 * rows + 8).unwrap();
+        for i in 0..rows {
+            let one = poisoned(8);
+            let mut rec = g.recorder();
+            kern.select(&mut rec, &lb, &sb, &SelectParams { out_off: 0, ..params[i] }, &one).unwrap();
+            rec.submit(None).unwrap();
+            let alone = g.read_u32(&one, 0, 8).unwrap();
+            assert_eq!(&words[16 * i..16 * i + 8], &alone[..], "{rows} rows: row {i} differs from the row alone");
+            assert!(words[16 * i + 8..16 * i + 16].iter().all(|&w| w == NAN_BITS), "{rows} rows: wrote after row {i}");
+            let row = &logits[i * vocab as usize..(i + 1) * vocab as usize];
+            let want = ref_select::masked_scores(row, &suppress, &rules[i], ts_begin, eot);
+            let got = scores_from_words(&alone);
+            assert_eq!((got.text_best, got.ts_best), (want.text_best, want.ts_best), "{rows} rows: row {i} argmax");
+            let close = |a: f32, b: f32| a == b || (a - b).abs() <= 1e-4 * b.abs().max(1.0);
+            assert!(close(got.text_lse, want.text_lse) && close(got.raw_lse, want.raw_lse), "{rows} rows: row {i} sums");
+        }
+    }
+    // Shapes it refuses: no rows, more than SELECT_ROWS, the timestamp state.
+    let lb = g.upload_f32("logits", &[1.0; 64]).unwrap();
+    let sb = g.upload_u32("suppress", &[0; 2]).unwrap();
+    let ob = poisoned(8);
+    let one = select_params(&StepRules { mask_text: false, mask_non_timestamps: false, ts_lo: 40, ts_hi: 64, extra_suppress: [u32::MAX; 2], probe: 0 }, 64, 40, 30, 0);
+    let mut rec = g.recorder();
+    assert!(kern.select_rows(&mut rec, &lb, &sb, &[], &ob).is_err());
+    assert!(kern.select_rows(&mut rec, &lb, &sb, &[one; SELECT_ROWS + 1], &ob).is_err());
+    let state = SelectParams { flags: SELECT_FLAG_RULES_FROM_STATE, ..one };
+    assert!(kern.select_rows(&mut rec, &lb, &sb, &[one, state], &ob).is_err());
+    assert!(rec.is_empty(), "a refused selection recorded dispatches");
+}
+
 /// The pick: the same scores as `select`, and the choice written as a token id
 /// (timestamp when its best logit beats the best text token's; eot when nothing is allowed).
 #[test]

@@ -847,8 +847,11 @@ impl GpuWhisper {
             "decode"
         });
         Self::record_forward(k, dims, layers, logits_w, b, rec, n, pos0, 0, per_row)?;
-        for sp in sps {
-            k.select(rec, b.logits, b.suppress, sp, b.select_out)?;
+        // A verify pass's rows in one pair of dispatches (one pair per row was ~14 dependent
+        // dispatches more for 8 positions).
+        match sps {
+            [sp] => k.select(rec, b.logits, b.suppress, sp, b.select_out)?,
+            _ => k.select_rows(rec, b.logits, b.suppress, sps, b.select_out)?,
         }
         rec.copy(b.select_out, 0, b.readback, 0, 32 * sps.len() as u64);
         Ok(())
