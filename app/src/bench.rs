@@ -320,25 +320,38 @@ fn bench(args: &Args) -> Result<(), String> {
                 return Err(format!("a verify pass of {n} positions differs from single steps: {verified:?} vs {single:?}"));
             }
         }
-        for n in 1..=model.max_verify() {
+        // Each n as the decoder runs it (the first layer submitted early), and the most
+        // positions also recorded whole before one submission, to see what that hides.
+        let early = model.early_submit.clone();
+        let runs = (1..=model.max_verify()).map(|n| (n, early.clone())).chain([(model.max_verify(), Vec::new())]);
+        for (n, early_submit) in runs {
+            model.early_submit = early_submit.clone();
             let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
             let rules_n = vec![rules; n];
             let reps = 16;
             let mut v = Vec::new();
+            let mut split = (f64::INFINITY, 0.0, 0.0);
             for b in 0..=batches {
                 model.begin_window(&mel).map_err(err)?;
                 model.advance(&prompt4, &rules).map_err(err)?;
+                model.host_times = (0.0, 0.0, 0);
                 let t = Instant::now();
                 for _ in 0..reps {
                     model.verify(&tokens, &rules_n).map_err(err)?;
                     model.rollback(n).map_err(err)?;
                 }
+                let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                let (rs, ws, calls) = model.host_times;
                 if b > 0 {
-                    v.push(t.elapsed().as_secs_f64() * 1e3 / reps as f64);
+                    v.push(ms);
+                    if ms < split.0 {
+                        split = (ms, rs * 1e3 / calls.max(1) as f64, ws * 1e3 / calls.max(1) as f64);
+                    }
                 }
             }
-            verify_ms.push((n, stat(&v)));
+            verify_ms.push((n, early_submit, stat(&v), split.1, split.2));
         }
+        model.early_submit = early;
     }
 
     // Draft models: one `draft` call of k tokens is one submission of k decoder steps of
@@ -451,9 +464,13 @@ fn bench(args: &Args) -> Result<(), String> {
             v.min, v.spread
         );
     }
-    for (n, v) in &verify_ms {
+    for (n, early, v, r, w) in &verify_ms {
+        let how = match early.as_slice() {
+            [] => ", recorded whole before one submission".to_string(),
+            e => format!(", submitted at dispatches {e:?} and the end"),
+        };
         println!(
-            "| verify pass, {n} positions (k = {} drafts), ms | {:.4} | {:.2} | {:.2}x a decode step; + rollback |",
+            "| verify pass, {n} positions (k = {} drafts){how}, ms | {:.4} | {:.2} | {:.2}x a decode step; + rollback; host records {r:.4}, waits {w:.4} |",
             n - 1,
             v.min,
             v.spread,

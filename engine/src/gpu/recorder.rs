@@ -7,7 +7,8 @@
 //! "arena" buffer (a larger block, such as the per-row parameters of a multi-row selection,
 //! into as many consecutive slots as it needs); all slots are uploaded with one `write_buffer` per arena just before the
 //! submit (queue writes are ordered before the submit that follows them), so a dispatch
-//! costs no buffer creation. Arenas go back to a pool on the `Gpu` after the submit: a later
+//! costs no buffer creation (a recording submitted in parts uploads only what each part
+//! added: `submit_early_at`). Arenas go back to a pool on the `Gpu` after the submit: a later
 //! recorder's `write_buffer` is ordered after this submission, so reuse is safe.
 
 use std::collections::HashMap;
@@ -151,6 +152,13 @@ pub struct Recorder<'g> {
     cache: Option<&'g mut DispatchCache>,
     /// (arena index, byte offset) of each dispatch's parameters, in recording order.
     slots: Vec<(usize, u64)>,
+    /// Per arena: the bytes already uploaded (by an early submission).
+    written: Vec<usize>,
+    /// Submit what is recorded once this many dispatches are, each in turn, largest first
+    /// (see `submit_early_at`).
+    early_at: Vec<usize>,
+    /// Dispatches already submitted early, for the profile's counts.
+    submitted: Vec<(&'static str, &'static str, Cost)>,
 }
 
 /// A recording encoded into a command buffer, its parameters already written (queued
@@ -182,27 +190,48 @@ impl Encoded {
 
 impl<'g> Recorder<'g> {
     pub(super) fn new(gpu: &'g Gpu, cache: Option<&'g mut DispatchCache>) -> Self {
-        Recorder { gpu, cmds: Vec::new(), arenas: Vec::new(), stage: "", cache, slots: Vec::new() }
-    }
-
-    /// Where the parameters of the last `n` dispatches live (arena buffer, byte offset),
-    /// oldest first: rewriting them with `queue.write_buffer` before an [`Encoded`] is
-    /// submitted changes what those dispatches see.
-    pub fn last_param_slots(&self, n: usize) -> Vec<(wgpu::Buffer, u64)> {
-        let from = self.slots.len().saturating_sub(n);
-        self.slots[from..].iter().map(|&(ai, off)| (self.arenas[ai].0.clone(), off)).collect()
-    }
-
-    /// Write the parameters and encode everything recorded, without timestamps and
-    /// without submitting.
-    pub fn encode(mut self) -> Result<Encoded> {
-        let gpu = self.gpu;
-        for (buf, data, _) in &self.arenas {
-            gpu.queue.write_buffer(buf, 0, data);
+        Recorder {
+            gpu,
+            cmds: Vec::new(),
+            arenas: Vec::new(),
+            stage: "",
+            cache,
+            slots: Vec::new(),
+            written: Vec::new(),
+            early_at: Vec::new(),
+            submitted: Vec::new(),
         }
-        let cmds = std::mem::take(&mut self.cmds);
-        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim") });
-        let mut untimed = Vec::with_capacity(cmds.len());
+    }
+
+    /// Submit what is recorded each time the count of dispatches reaches one of `counts`
+    /// and go on recording: the GPU runs the first part while the host records the rest
+    /// (recording a dispatch costs the host ≈ 5 µs on the H200, so a verify pass's ~36
+    /// dispatches ≈ 0.2 ms that would otherwise sit before the GPU's first instruction).
+    /// Off while dispatches are timed (each is its own pass then, and the times are read at
+    /// the final submit).
+    pub fn submit_early_at(&mut self, counts: &[usize]) {
+        self.early_at.clear();
+        if !self.gpu.timing_dispatches() {
+            self.early_at.extend(counts.iter().copied().filter(|&c| c > 0));
+            self.early_at.sort_unstable_by(|a, b| b.cmp(a));
+        }
+    }
+
+    /// Upload the parameter bytes not uploaded yet (queued: applied before the next
+    /// submission, which is ordered after the earlier ones reading the same arena).
+    fn upload_params(&mut self) {
+        self.written.resize(self.arenas.len(), 0);
+        for ((buf, data, _), done) in self.arenas.iter().zip(self.written.iter_mut()) {
+            if data.len() > *done {
+                self.gpu.queue.write_buffer(buf, *done as u64, &data[*done..]);
+                *done = data.len();
+            }
+        }
+    }
+
+    /// Encode `cmds` into `enc` without timestamps: consecutive dispatches share a pass
+    /// (wgpu orders each after the previous one's writes), copies sit between passes.
+    fn encode_untimed(enc: &mut wgpu::CommandEncoder, cmds: &[Cmd], untimed: &mut Vec<(&'static str, &'static str, Cost)>) {
         let mut i = 0;
         while i < cmds.len() {
             match &cmds[i] {
@@ -223,6 +252,35 @@ impl<'g> Recorder<'g> {
                 }
             }
         }
+    }
+
+    /// Submit everything recorded so far and keep recording (arenas and slots go on).
+    fn submit_recorded(&mut self) -> Result<()> {
+        self.upload_params();
+        let cmds = std::mem::take(&mut self.cmds);
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim early") });
+        Self::encode_untimed(&mut enc, &cmds, &mut self.submitted);
+        self.gpu.queue.submit([enc.finish()]);
+        self.gpu.check()
+    }
+
+    /// Where the parameters of the last `n` dispatches live (arena buffer, byte offset),
+    /// oldest first: rewriting them with `queue.write_buffer` before an [`Encoded`] is
+    /// submitted changes what those dispatches see.
+    pub fn last_param_slots(&self, n: usize) -> Vec<(wgpu::Buffer, u64)> {
+        let from = self.slots.len().saturating_sub(n);
+        self.slots[from..].iter().map(|&(ai, off)| (self.arenas[ai].0.clone(), off)).collect()
+    }
+
+    /// Write the parameters and encode everything recorded, without timestamps and
+    /// without submitting.
+    pub fn encode(mut self) -> Result<Encoded> {
+        let gpu = self.gpu;
+        self.upload_params();
+        let cmds = std::mem::take(&mut self.cmds);
+        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim") });
+        let mut untimed = std::mem::take(&mut self.submitted);
+        Self::encode_untimed(&mut enc, &cmds, &mut untimed);
         let pooled = self.arenas.drain(..).filter(|(_, _, pooled)| *pooled).map(|(b, _, _)| b).collect();
         Ok(Encoded { cmd: enc.finish(), untimed, pooled })
     }
@@ -357,6 +415,12 @@ impl<'g> Recorder<'g> {
             }
         };
         self.cmds.push(Cmd::Dispatch { kernel: kernel.clone(), bind, groups, stage: self.stage, cost });
+        if self.early_at.last().is_some_and(|&n| self.slots.len() >= n) {
+            while self.early_at.last().is_some_and(|&n| self.slots.len() >= n) {
+                self.early_at.pop();
+            }
+            self.submit_recorded()?;
+        }
         Ok(())
     }
 
@@ -373,14 +437,12 @@ impl<'g> Recorder<'g> {
     /// dispatch after the writes of the previous one) and `profile` gets counts and bytes.
     pub fn submit(mut self, profile: Option<&mut Profile>) -> Result<()> {
         let gpu = self.gpu;
-        for (buf, data, _) in &self.arenas {
-            gpu.queue.write_buffer(buf, 0, data);
-        }
+        self.upload_params();
         let cmds = std::mem::take(&mut self.cmds);
         let timed = gpu.timing_dispatches() && profile.is_some();
         let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("verbatim") });
         let mut timing: Vec<(&'static str, &'static str, Cost)> = Vec::new();
-        let mut untimed: Vec<(&'static str, &'static str, Cost)> = Vec::new();
+        let mut untimed: Vec<(&'static str, &'static str, Cost)> = std::mem::take(&mut self.submitted);
         let mut query: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)> = None;
         if timed {
             let n = cmds.iter().filter(|c| matches!(c, Cmd::Dispatch { .. })).count().min(MAX_TIMED);

@@ -52,6 +52,10 @@ pub const MAX_DRAFT: usize = MAX_VERIFY;
 
 /// Most decode steps per readback (`greedy_steps`).
 pub const MAX_STEPS: usize = 16;
+/// Dispatch counts at which a verify pass submits what it has recorded: the embedding and
+/// one decoder layer (8 dispatches a layer; the H200 runs a layer of 8 rows in ≈ 0.13 ms
+/// while the host records the other layers, ≈ 5 µs a dispatch).
+const EARLY_SUBMIT: &[usize] = &[9];
 
 /// Words of the timestamp state (decode::TsState, padded) after the fed tokens.
 const TS_STATE_WORDS: usize = 4;
@@ -309,6 +313,11 @@ pub struct GpuWhisper {
     /// Host-side split of `advance`: seconds recording + submitting, seconds waiting for
     /// the GPU and the readback, and the number of calls (for `verbatim bench`).
     pub host_times: (f64, f64, u64),
+    /// A verify pass submits what it has recorded when its dispatch count reaches each of
+    /// these, so the GPU runs the first layers while the host records the rest; empty: the
+    /// whole pass recorded before one submission. `VERBATIM_EARLY_SUBMIT=a,b,..` (or 0)
+    /// sets it for a run (to compare); `verbatim bench` times it against one submission.
+    pub early_submit: Vec<usize>,
     /// The next single-token step, encoded while the last one ran.
     pending: Option<PendingStep>,
     enc_cache: DispatchCache,
@@ -509,6 +518,11 @@ impl GpuWhisper {
             window_ready: false,
             profile: Profile::default(),
             host_times: (0.0, 0.0, 0),
+            early_submit: std::env::var("VERBATIM_EARLY_SUBMIT")
+                .ok()
+                .and_then(|v| v.split(',').map(|c| c.trim().parse().ok()).collect::<Option<Vec<usize>>>())
+                .map(|v| v.into_iter().filter(|&c| c > 0).collect())
+                .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             pending: None,
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
@@ -694,6 +708,7 @@ impl GpuWhisper {
             .collect();
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.ver_cache);
+        rec.submit_early_at(&self.early_submit);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &sps, true)?;
         rec.submit(Some(&mut self.profile))?;
         let t_wait = std::time::Instant::now();
