@@ -1,7 +1,11 @@
 // GEMV over a row-major matrix: Y[m][n] (=|+=) act(sum_k X'[m][k] * W[n][k] + b[n]), W kept
 // as the checkpoint stores it, [N][K] with f16 pairs packed along K (K even). The decoder's
 // logits over the tied embedding table (51864 x d), which the embedding lookup reads by
-// row too (embed.wgsl). X' is X or, with flag 16, LayerNorm(X) (gemv_common.wgsl).
+// row too (embed.wgsl). X' is X or, with flag 16, LayerNorm(X) (gemv_common.wgsl). The
+// decoder no longer uses flag 16 here: each of the table's 1621 workgroups a row recomputed
+// the row's statistics (two barrier trees), and the final LayerNorm as a dispatch of its own
+// took a verify pass's 8 rows from 162 to 93 + 8 us on the H200 (a decode step's one row
+// from 31 to 24 + 8).
 //
 // Why not the k-major GEMV (gemv.wgsl): there a workgroup reads a strip of 64 columns,
 // 128-256 bytes from each of the K rows, 100 KB apart; with K = 384 the kernel lab's pure

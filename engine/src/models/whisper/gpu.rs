@@ -963,13 +963,18 @@ impl GpuWhisper {
             lin(rec, x, Some(l.ffn_norm), l.fc1, h, gelu)?;
             lin(rec, h, None, l.fc2, x, acc)?;
         }
-        // Final LayerNorm folded into the logits (tied embeddings): of the last position only,
-        // or of every position in a verify pass (each row then selected with its own rules).
+        // The final LayerNorm and the logits (tied embeddings): of the last position only, or
+        // of every position in a verify pass (each row then selected with its own rules).
+        // Over the f16 table the norm is a dispatch of its own: folded into gemv_rows, each
+        // of its 1621 workgroups a row recomputed the row's statistics (two barrier trees).
         let logits = Rows::new(b.logits, dims.vocab);
-        if per_row {
-            lin_m(rec, x, m, Some(b.dec_norm), logits_w, None, logits, plain)
-        } else {
-            lin_m(rec, Rows::at(b.dec_x, (n - 1) * d, d), 1, Some(b.dec_norm), logits_w, None, logits, plain)
+        let (xl, ml) = if per_row { (x, m) } else { (Rows::at(b.dec_x, (n - 1) * d, d), 1) };
+        match logits_w {
+            WRef::Rows(_) => {
+                k.layer_norm(rec, xl.buf, xl.off, ml, d as u32, &b.dec_norm.gamma, &b.dec_norm.beta, b.dec_xn, 0, LN_EPS)?;
+                lin_m(rec, Rows::new(b.dec_xn, d), ml, None, logits_w, None, logits, plain)
+            }
+            _ => lin_m(rec, xl, ml, Some(b.dec_norm), logits_w, None, logits, plain),
         }
     }
 
