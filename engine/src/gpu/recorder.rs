@@ -467,17 +467,18 @@ impl<'g> Recorder<'g> {
                 query = Some((qs, resolve, staging));
             }
         }
-        // Timed: a pass per dispatch with timestamp writes (up to MAX_TIMED of them).
-        // Untimed: consecutive dispatches share one pass; copies sit between passes.
+        // Timed: a pass per dispatch with timestamp writes (up to MAX_TIMED of them); the
+        // rest (all of it untimed) as `encode_untimed` does: consecutive dispatches share a
+        // pass, copies sit between passes.
         let mut i = 0;
-        while i < cmds.len() {
-            match &cmds[i] {
-                Cmd::Copy { src, src_off, dst, dst_off, size } => {
-                    enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
-                    i += 1;
-                }
-                Cmd::Dispatch { kernel, bind, groups, stage, cost } => match &query {
-                    Some((qs, _, _)) if timing.len() < MAX_TIMED => {
+        if let Some((qs, _, _)) = &query {
+            while let Some(cmd) = cmds.get(i) {
+                match cmd {
+                    Cmd::Copy { src, src_off, dst, dst_off, size } => {
+                        enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
+                    }
+                    Cmd::Dispatch { .. } if timing.len() >= MAX_TIMED => break,
+                    Cmd::Dispatch { kernel, bind, groups, stage, cost } => {
                         let q = timing.len() as u32 * 2;
                         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                             label: Some(kernel.name),
@@ -491,24 +492,12 @@ impl<'g> Recorder<'g> {
                         pass.set_bind_group(0, bind, &[]);
                         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
                         timing.push((kernel.name, *stage, *cost));
-                        i += 1;
                     }
-                    _ => {
-                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                            label: Some("dispatches"),
-                            timestamp_writes: None,
-                        });
-                        while let Some(Cmd::Dispatch { kernel, bind, groups, stage, cost }) = cmds.get(i) {
-                            pass.set_pipeline(&kernel.pipeline);
-                            pass.set_bind_group(0, bind, &[]);
-                            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-                            untimed.push((kernel.name, *stage, *cost));
-                            i += 1;
-                        }
-                    }
-                },
+                }
+                i += 1;
             }
         }
+        Self::encode_untimed(&mut enc, &cmds[i..], &mut untimed);
         if let Some((qs, resolve, staging)) = &query {
             let n = timing.len() as u32;
             enc.resolve_query_set(qs, 0..2 * n, resolve, 0);
