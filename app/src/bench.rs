@@ -164,11 +164,12 @@ fn bench(args: &Args) -> Result<(), String> {
     let gpu = Arc::new(Gpu::new(&GpuOptions { profile: true, ..Default::default() }).map_err(|e| e.to_string())?);
     gpu.pause_profiling(true);
     println!(
-        "adapter: {} ({}, {}); encoder GEMMs on {}",
+        "adapter: {} ({}, {}); encoder GEMMs on {}; shader runtime checks {}",
         gpu.info.name,
         gpu.info.backend,
         gpu.info.driver,
-        if gpu.info.coop_matrix { "cooperative matrices (tensor cores)" } else { "tiled shader arithmetic (no cooperative matrices, or VERBATIM_NO_COOP)" }
+        if gpu.info.coop_matrix { "cooperative matrices (tensor cores)" } else { "tiled shader arithmetic (no cooperative matrices, or VERBATIM_NO_COOP)" },
+        if gpu.info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" }
     );
 
     // The model.

@@ -64,6 +64,8 @@ pub struct GpuInfo {
     /// see `coop_matrix_usable`.
     pub coop_matrix: bool,
     pub max_storage_binding: u64,
+    /// Whether our kernels are compiled with wgpu's runtime checks (see `shader_checks_wanted`).
+    pub shader_checks: bool,
 }
 
 impl GpuInfo {
@@ -122,6 +124,19 @@ pub fn coop_matrix_usable(adapter: &wgpu::Adapter) -> bool {
                 && c.ab_type == wgpu::CooperativeScalarType::F16
                 && c.cr_type == wgpu::CooperativeScalarType::F32
         })
+}
+
+/// Whether kernels are compiled with wgpu's injected runtime checks. By default they are not:
+/// every module the engine compiles is our own WGSL, whose loops are bounded and whose
+/// indices the kernel tests exercise, and the checks are not free. naga then puts a 64-bit
+/// loop counter with a break test into every loop (so the driver's compiler no longer sees a
+/// constant trip count and keeps short loops rolled, their private arrays in local memory)
+/// and clamps every index into a workgroup or private array with a `min` (so adjacent
+/// stores cannot be merged). Buffer accesses stay bounded by the driver's own robust buffer
+/// access where the platform has it. `VERBATIM_SHADER_CHECKS=1` turns the checks back on
+/// (to compare, or to chase a kernel that indexes out of bounds).
+pub fn shader_checks_wanted() -> bool {
+    std::env::var("VERBATIM_SHADER_CHECKS").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// Pick the adapter: the one whose name contains `wanted` (case-insensitive) when given,
@@ -232,6 +247,7 @@ impl Gpu {
             shader_f16: feats.contains(wgpu::Features::SHADER_F16),
             coop_matrix: feats.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) && coop_matrix_usable(adapter),
             max_storage_binding: device.limits().max_storage_buffer_binding_size as u64,
+            shader_checks: shader_checks_wanted(),
         };
         let profiling = profile && info.timestamps;
         Gpu {
@@ -281,10 +297,15 @@ impl Gpu {
             return Ok(k.clone());
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) };
+        let module = if self.info.shader_checks {
+            self.device.create_shader_module(desc)
+        } else {
+            // SAFETY: the source is one of the engine's own kernels (or the kernel lab's
+            // rewrites of them), not user input: every loop is bounded and the kernel tests
+            // hold their indexing to the CPU references (see `shader_checks_wanted`).
+            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        };
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
             visibility: wgpu::ShaderStages::COMPUTE,
