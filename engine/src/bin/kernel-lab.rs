@@ -65,6 +65,13 @@ const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", inc
 const SPLIT_F16: &str = include_str!("kernel_lab/split_f16.wgsl");
 const GEMM_DIRECT: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/gemm_direct.wgsl"));
 const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
+/// gemm_coop.wgsl with vectorised staging; it binds X and W a second time as vec4 arrays.
+const GEMM_COOP_VEC: &str = concat!(
+    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+    include_str!("../kernels/gelu.wgsl"),
+    include_str!("../kernels/gemm_io.wgsl"),
+    include_str!("kernel_lab/gemm_coop_vec.wgsl")
+);
 
 // ---------------------------------------------------------------------------------------
 // Command line
@@ -395,6 +402,8 @@ enum Family {
     Prod,
     /// kernel_lab/gemv_m1.wgsl: a [KG][CP] array of WPT vec2.
     Template,
+    /// kernels/gemv_stream.wgsl (matrices of 8 MiB and more): a [KG][CP] array of 2 vec4.
+    Stream,
 }
 
 #[derive(Clone)]
@@ -418,6 +427,8 @@ impl Variant {
             // merge's weights and row (128 + 1280 floats).
             (Family::Prod, _) => s.kg * 8 * s.cp * 8 + (272 + 1408) * 4,
             (Family::Template, _) => s.kg * s.cp * s.wpt * 8,
+            // red, the LayerNorm's per-thread sums and statistics.
+            (Family::Stream, _) => s.kg * s.cp * 32 + s.kg * s.cp * 4 + 64,
         }
     }
 
@@ -426,7 +437,7 @@ impl Variant {
         let s = self.shape;
         let mut want = vec![format!("const CP: u32 = {}u;", s.cp), format!("const KG: u32 = {}u;", s.kg)];
         match self.family {
-            Family::Prod => want.push(format!("@workgroup_size({}, {})", s.cp, s.kg)),
+            Family::Prod | Family::Stream => want.push(format!("@workgroup_size({}, {})", s.cp, s.kg)),
             Family::Template => want.push(format!("const WPT: u32 = {}u;", s.wpt)),
         }
         for w in want {
@@ -605,7 +616,23 @@ fn gemv_variants() -> Vec<Variant> {
         )],
     );
     let c64 = prod_reshape(&prod, "gemv.cp64.kg4", "gemv, CP 8 -> 64, KG 32 -> 4", 64, 4);
+    // The shipped kernel for matrices of 8 MiB and more, in both of its shapes (the engine
+    // takes 64 slices where the device allows 512 invocations).
+    let stream = [32u32, 64].map(|kg| {
+        let v = Variant {
+            name: format!("gemv_stream.kg{kg}"),
+            change: format!("kernels/gemv_stream.wgsl as shipped, {kg} K slices"),
+            family: Family::Stream,
+            shape: Shape { cp: 8, kg, wpt: 4 },
+            src: engine::kernels::gemv_stream_source(kg).expect("gemv_stream.wgsl rewrite"),
+            needs_subgroups: false,
+            pure_read: false,
+        };
+        v.assert_shape();
+        v
+    });
     let mut all = vec![prod];
+    all.extend(stream);
     all.extend(reshaped);
     all.extend([w32, c64]);
     all.extend([m1, m1kg32, v4, v4c8, v4c8k32, v4c8k64, sg]);
@@ -978,7 +1005,10 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
         // module with cooperative matrices; this is the CUDA-core GEMM in such a module (a
         // cooperative store no dispatch takes: flags are never all ones).
         ("gemm_f16.vkmm", "CUDA-core GEMM under the Vulkan memory model", vkmm_gemm()?, 64),
+        // Binds X and W twice (bindings 5 and 6 as vec4 arrays): see `vec_bound`.
+        ("gemm_coop.vec", "vector loads, runs of adjacent halves staged (lab)", GEMM_COOP_VEC.to_string(), 64),
     ];
+    let vec_bound = |name: &str| name.ends_with(".vec");
     let mut seed = 0x5eedu64;
     for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536)] {
         let (xb, wb, bb, yb) = gemm_inputs(gpu, m, n, kk, &mut seed)?;
@@ -989,11 +1019,13 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
         for (name, change, vsrc, cm) in &variants {
             let label = format!("{name} {m}x{n}x{kk}");
             eprintln!("  {label}");
-            let k = match gpu.kernel(
-                static_name(&label),
-                vsrc,
-                &[Access::Read, Access::Read, Access::Read, Access::ReadWrite],
-            ) {
+            let mut access = vec![Access::Read, Access::Read, Access::Read, Access::ReadWrite];
+            let mut bufs = vec![&xb, &wb, &bb, &yb];
+            if vec_bound(name) {
+                access.extend([Access::Read, Access::Read]);
+                bufs.extend([&xb, &wb]);
+            }
+            let k = match gpu.kernel(static_name(&label), vsrc, &access) {
                 Ok(k) => k,
                 Err(e) => {
                     let mut row = Row::new(Section::Probe, &label, change);
@@ -1002,7 +1034,7 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
                     continue;
                 }
             };
-            let bind = lab.bind(&k, &params, &[&xb, &wb, &bb, &yb]);
+            let bind = lab.bind(&k, &params, &bufs);
             let grid = [n.div_ceil(64), m.div_ceil(*cm)];
             gpu.fill_u32(&yb, 0x7fc0_0000);
             lab.run_once(&k, &bind, grid)?;
@@ -1416,12 +1448,13 @@ fn gemv_row(lab: &Lab, d: &GemvData, v: &Variant, reps: u32, subgroup_min: Optio
     eprintln!("  {}", v.name);
     // The shipped GEMV: its M = 1 entry (what a decode step runs), with gamma and beta
     // bound to the (unused) bias buffer.
-    let prod = v.family == Family::Prod && !v.pure_read;
+    let prod = matches!(v.family, Family::Prod | Family::Stream) && !v.pure_read;
+    let entry = if v.family == Family::Stream { "main" } else { "main_m1" };
     let compiled = if prod {
         gpu.kernel_entry(
             static_name(&format!("lab.{}", v.name)),
             &v.src,
-            "main_m1",
+            entry,
             &[Access::Read, Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite],
         )
     } else {
@@ -1643,6 +1676,15 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
             variants.push((name, format!("{family}: {change}"), code, entry, per_wg, layout, ln));
         }
     }
+    // The streaming GEMV (what matrices of 8 MiB and more take) at this shape, as the
+    // engine compiles it for this device: does it beat main_m1 on short matrices too?
+    if n.is_multiple_of(8) {
+        let kg = engine::kernels::gemv_stream_slices(gpu.device.limits().max_compute_invocations_per_workgroup);
+        let code = engine::kernels::gemv_stream_source(kg)?;
+        let change = format!("gemv_stream.wgsl ({kg} K slices)");
+        variants.push(("stream".into(), format!("{change}, no LayerNorm"), code.clone(), "main", 64, 0, false));
+        variants.push(("stream.ln".into(), format!("{change}, LayerNorm folded in"), code, "main", 64, 0, true));
+    }
     let groups_line = "const GROUPS: u32 = 8u;";
     for groups in [4u32, 2] {
         let to = format!("const GROUPS: u32 = {groups}u;");
@@ -1660,7 +1702,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         row.bytes = Some(n as u64 * k as u64 * 2 + k as u64 * 4 + n as u64 * 4);
         eprintln!("  {name}");
         let r = Access::Read;
-        let kernel = gpu.kernel_entry(static_name(&format!("lab.{name}")), &code, entry, &[r, r, r, r, r, Access::ReadWrite])?;
+        let kernel = gpu.kernel_entry(static_name(&format!("lab.decode.{name}")), &code, entry, &[r, r, r, r, r, Access::ReadWrite])?;
         let g = grid(n.div_ceil(per_wg) as u64);
         let (pr, gm, bt) = if ln { (&params_ln, &gb, &bb) } else { (&params, &zero, &zero) };
         let binds: Vec<wgpu::BindGroup> =
@@ -1821,7 +1863,14 @@ fn run(args: &Args) -> LabResult<()> {
         period_ns: gpu.queue.get_timestamp_period() as f64,
     };
     let yes = |b: bool| if b { "yes" } else { "no" };
-    println!("adapter: {} ({}, {}), driver {}", info.name, info.backend, info.device_type, info.driver);
+    println!(
+        "adapter: {} ({}, {}), driver {}; shader runtime checks {}",
+        info.name,
+        info.backend,
+        info.device_type,
+        info.driver,
+        if info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" }
+    );
     let subgroup = if info.subgroups { Some(probe_subgroup_size(&lab)?) } else { None };
     println!(
         "features: timestamp queries {}, subgroups {}, shader-f16 {}",

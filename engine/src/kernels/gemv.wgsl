@@ -14,9 +14,9 @@
 // `main_m1` is the decode step's kernel (M = 1; with more rows, workgroup z is the row and
 // the weights are read once per row, from L2 after the first): its accumulators are named registers and
 // eight weight words are in flight per thread (a private array indexed by a runtime row
-// count lives in slow local memory on NVIDIA's compiler). Large matrices (the logits) use
-// it compiled as 32 column pairs x 8 slices (`GEMV_WIDE` in mod.rs): the lab's 128 MiB
-// matrix read at 61 % of copy that way against 48 % with 8 x 32.
+// count lives in slow local memory on NVIDIA's compiler). Matrices of 8 MiB and more take
+// gemv_stream.wgsl instead (this kernel reshaped to 32 column pairs x 8 slices read the
+// lab's 128 MiB matrix at 53-61 % of copy, the streaming one at 90 %).
 // Each row of `main_m1` is computed exactly as a lone row would be, bit for bit: a
 // speculative verify pass over k+1 positions must reproduce k+1 single decode steps, or a
 // near tie could choose another token than plain greedy decoding. (`main` sums in another

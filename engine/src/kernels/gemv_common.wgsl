@@ -14,7 +14,7 @@ struct Params {
     merge_splits: u32, merge_hd: u32, _p2: u32,
 }
 
-var<workgroup> rs: array<f32, 256>;
+var<workgroup> rs: array<f32, WG>; // one per thread (wg_sum)
 var<workgroup> stat: array<f32, 16>; // mean[MAXM], 1/sigma[MAXM]
 
 fn ln_on() -> bool {

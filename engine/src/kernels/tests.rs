@@ -91,10 +91,13 @@ fn run_linear(r: &mut StdRng, coop: bool, m: usize, n: usize, k: usize, bias: bo
 #[test]
 fn linear_gemv_matches_reference() {
     let mut r = rng("linear_gemv");
-    for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (3, 70, 17), (8, 66, 131), (2, 258, 384), (1, 2100, 7), (1, 4098, 1025)] {
-        // (the last is over 8 MiB: the wide M = 1 GEMV)
+    for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (3, 70, 17), (8, 66, 131), (2, 258, 384), (1, 2100, 7), (1, 4098, 1025), (1, 4104, 1025)] {
+        // (the last two are over 8 MiB: N = 4098 is no multiple of 8 and stays on main_m1,
+        // N = 4104 takes the streaming GEMV, its last workgroup one column group wide)
         run_linear(&mut r, false, m, n, k, true, false, false);
     }
+    // The streaming GEMV's epilogue: GELU and the residual, K shorter than its slices.
+    run_linear(&mut r, false, 1, 104_864, 40, true, true, true);
     run_linear(&mut r, false, 1, 78, 61, true, true, false);
     run_linear(&mut r, false, 5, 34, 39, false, false, true);
     // One row: the epilogue's bias and residual are loaded ahead in main_m1.
@@ -139,7 +142,7 @@ fn run_linear_ln(r: &mut StdRng, m: usize, n: usize, k: usize, gelu: bool, accum
 fn linear_ln_matches_reference() {
     let mut r = rng("linear_ln");
     // GEMV with the norm folded in (M = 1 and a few rows), and the LayerNorm + GEMM path.
-    for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (1, 1154, 384), (3, 70, 300), (8, 66, 131), (11, 34, 77), (1, 4098, 1025)] {
+    for &(m, n, k) in &[(1, 6, 3), (1, 130, 45), (1, 1154, 384), (3, 70, 300), (8, 66, 131), (11, 34, 77), (1, 4098, 1025), (1, 4104, 1025)] {
         run_linear_ln(&mut r, m, n, k, false, false);
     }
     run_linear_ln(&mut r, 1, 78, 61, true, false);
@@ -254,8 +257,9 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
-    // Over 8 MiB: the wide M = 1 kernel.
+    // Over 8 MiB: main_m1 (N = 4098, no multiple of 8) and the streaming GEMV (4104).
     run_rows_equal_lone(&mut r, TestWeights::F16, 2, 4098, 1025, true, false, false);
+    run_rows_equal_lone(&mut r, TestWeights::F16, 3, 4104, 1025, true, true, true);
 }
 
 #[test]
@@ -590,7 +594,7 @@ fn attention_merged_into_the_projection_matches_reference() {
     run_merged(&mut r, 1, 1500, 6, 64, 384, true, true);
     run_merged(&mut r, 3, 530, 2, 20, 46, false, false);
     run_merged(&mut r, 8, 300, 4, 16, 66, true, false);
-    // A projection over 8 MiB takes the wide GEMV.
+    // A projection over 8 MiB: the merge stays in main_m1 at any size.
     run_merged(&mut r, 2, 700, 20, 64, 4098, false, true);
     // Keys in one split: nothing to merge, the attention runs whole.
     let g = gpu();
