@@ -65,13 +65,6 @@ const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", inc
 const SPLIT_F16: &str = include_str!("kernel_lab/split_f16.wgsl");
 const GEMM_DIRECT: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/gemm_direct.wgsl"));
 const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
-/// gemm_coop.wgsl with vectorised staging; it binds X and W a second time as vec4 arrays.
-const GEMM_COOP_VEC: &str = concat!(
-    "enable f16;\nenable wgpu_cooperative_matrix;\n",
-    include_str!("../kernels/gelu.wgsl"),
-    include_str!("../kernels/gemm_io.wgsl"),
-    include_str!("kernel_lab/gemm_coop_vec.wgsl")
-);
 
 // ---------------------------------------------------------------------------------------
 // Command line
@@ -1005,10 +998,7 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
         // module with cooperative matrices; this is the CUDA-core GEMM in such a module (a
         // cooperative store no dispatch takes: flags are never all ones).
         ("gemm_f16.vkmm", "CUDA-core GEMM under the Vulkan memory model", vkmm_gemm()?, 64),
-        // Binds X and W twice (bindings 5 and 6 as vec4 arrays): see `vec_bound`.
-        ("gemm_coop.vec", "vector loads, runs of adjacent halves staged (lab)", GEMM_COOP_VEC.to_string(), 64),
     ];
-    let vec_bound = |name: &str| name.ends_with(".vec");
     let mut seed = 0x5eedu64;
     for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536)] {
         let (xb, wb, bb, yb) = gemm_inputs(gpu, m, n, kk, &mut seed)?;
@@ -1019,13 +1009,11 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
         for (name, change, vsrc, cm) in &variants {
             let label = format!("{name} {m}x{n}x{kk}");
             eprintln!("  {label}");
-            let mut access = vec![Access::Read, Access::Read, Access::Read, Access::ReadWrite];
-            let mut bufs = vec![&xb, &wb, &bb, &yb];
-            if vec_bound(name) {
-                access.extend([Access::Read, Access::Read]);
-                bufs.extend([&xb, &wb]);
-            }
-            let k = match gpu.kernel(static_name(&label), vsrc, &access) {
+            let k = match gpu.kernel(
+                static_name(&label),
+                vsrc,
+                &[Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+            ) {
                 Ok(k) => k,
                 Err(e) => {
                     let mut row = Row::new(Section::Probe, &label, change);
@@ -1034,7 +1022,7 @@ fn coop_rows(lab: &Lab) -> LabResult<Vec<Row>> {
                     continue;
                 }
             };
-            let bind = lab.bind(&k, &params, &bufs);
+            let bind = lab.bind(&k, &params, &[&xb, &wb, &bb, &yb]);
             let grid = [n.div_ceil(64), m.div_ceil(*cm)];
             gpu.fill_u32(&yb, 0x7fc0_0000);
             lab.run_once(&k, &bind, grid)?;

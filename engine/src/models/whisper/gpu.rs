@@ -567,9 +567,14 @@ impl GpuWhisper {
         let heads = self.dims.n_heads as u32;
         let hd = self.dims.head_dim() as u32;
         let (du, f) = (d as usize, self.dims.ffn);
+        // The GEMMs under stages of their own ("encoder qkv", ...), so the per-kernel table
+        // times each shape (they share one kernel, and N = d_model with K = 4 d has few
+        // workgroups for a big GPU).
         for l in &self.enc_layers {
             k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &l.attn_norm.gamma, &l.attn_norm.beta, &self.enc_xn, 0, LN_EPS)?;
+            rec.stage("encoder qkv");
             k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.qkv.w, Some(&l.qkv.b), Rows::new(&self.enc_qkv, 3 * du), plain)?;
+            rec.stage("encoder");
             k.attention(
                 &mut rec,
                 &AttentionArgs {
@@ -584,10 +589,15 @@ impl GpuWhisper {
                     causal: None,
                 },
             )?;
+            rec.stage("encoder out");
             k.linear(&mut rec, Rows::new(&self.enc_attn, du), a, &l.attn_out.w, Some(&l.attn_out.b), Rows::new(&self.enc_x, du), acc)?;
+            rec.stage("encoder");
             k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &l.ffn_norm.gamma, &l.ffn_norm.beta, &self.enc_xn, 0, LN_EPS)?;
+            rec.stage("encoder fc1");
             k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.fc1.w, Some(&l.fc1.b), Rows::new(&self.enc_h, f), gelu)?;
+            rec.stage("encoder fc2");
             k.linear(&mut rec, Rows::new(&self.enc_h, f), a, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.enc_x, du), acc)?;
+            rec.stage("encoder");
         }
         k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
         rec.stage("cross k|v");
