@@ -1667,7 +1667,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     // The streaming GEMV (what matrices of 8 MiB and more take) at this shape, as the
     // engine compiles it for this device: does it beat main_m1 on short matrices too?
     if n.is_multiple_of(8) {
-        let kg = engine::kernels::gemv_stream_slices(gpu.device.limits().max_compute_invocations_per_workgroup);
+        let kg = engine::kernels::gemv_stream_slices(&gpu.device.limits());
         let code = engine::kernels::gemv_stream_source(kg)?;
         let change = format!("gemv_stream.wgsl ({kg} K slices)");
         variants.push(("stream".into(), format!("{change}, no LayerNorm"), code.clone(), "main", 64, 0, false));

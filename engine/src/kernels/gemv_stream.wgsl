@@ -7,12 +7,13 @@
 // threads of a slice read 128 contiguous bytes of a k-row) in one K slice and walks its
 // slice with one load per k and nothing else in the loop, so the driver's compiler unrolls
 // and pipelines the loads itself; a workgroup covers 64 columns and KG slices of K, merged
-// through workgroup memory at the end. The kernel lab (`--gemv-only`, H200) found this
-// shape at the pure-read ceiling of its access pattern: 1 GiB at 4.33 TB/s (101 % of the
-// copy ceiling measured in the same run), 128 MiB at 90 % with 64 slices, where
-// gemv.wgsl's `main_m1` reshaped to 32 column pairs x 8 slices (what shipped here before)
-// read 62 % / 53 %: its hand-unrolled rounds of 16 words kept fewer loads in flight than
-// the compiler's own pipelining once wgpu's loop-bounding counters were off (gpu/mod.rs).
+// through workgroup memory at the end. The kernel lab (`--gemv-only`, H200) measured it
+// near the pure-read ceiling of its access pattern: 1 GiB at 98 % of the copy ceiling
+// measured in the same run, 512 MiB at 97 %, 128 MiB at 87 %, where gemv.wgsl's `main_m1`
+// reshaped to 32 column pairs x 8 slices (what shipped here before) read 62 / 60 / 53 %:
+// its hand-unrolled rounds of 16 words kept fewer loads in flight than the compiler's own
+// pipelining once wgpu's loop-bounding counters were off (gpu/mod.rs). At decode sizes
+// (K up to ~3072, a few MB) main_m1 stays faster: there a dispatch's latency counts.
 //
 // KG (slices) and the workgroup size are rewritten together by kernels/mod.rs: 64 slices
 // where the device allows 512 invocations, else 32. N must be a multiple of 8 (mod.rs

@@ -57,8 +57,9 @@ pub const GEMV_STREAM_SOURCE: &str =
     concat!(include_str!("gelu.wgsl"), include_str!("gemv_common.wgsl"), include_str!("gemv_stream.wgsl"));
 
 /// gemv_stream.wgsl with `slices` K slices per workgroup (32 as written; 64 where the device
-/// allows 512 invocations a workgroup: the kernel lab's 128 MiB matrix read at 90 % of copy
-/// that way against 74 % with 32).
+/// allows it, see [`gemv_stream_slices`]: on the H200 the lab's 512 MiB and 1 GiB matrices
+/// read at 97 and 98 % of copy that way against 94 and 95 % with 32; 87 % either way at
+/// 128 MiB).
 pub fn gemv_stream_source(slices: u32) -> Result<String> {
     if slices == 32 {
         return Ok(GEMV_STREAM_SOURCE.to_string());
@@ -72,9 +73,11 @@ pub fn gemv_stream_source(slices: u32) -> Result<String> {
     )
 }
 
-/// K slices of the streaming GEMV on a device allowing `invocations` per workgroup.
-pub fn gemv_stream_slices(invocations: u32) -> u32 {
-    if invocations >= 512 {
+/// K slices of the streaming GEMV on a device with these limits: 64 needs 512 invocations
+/// a workgroup and ~18 KiB of workgroup memory (its merge array and the LayerNorm's
+/// scratch), 32 fits wgpu's default limits.
+pub fn gemv_stream_slices(limits: &wgpu::Limits) -> u32 {
+    if limits.max_compute_invocations_per_workgroup >= 512 && limits.max_compute_workgroup_storage_size >= 20 << 10 {
         64
     } else {
         32
@@ -471,7 +474,6 @@ pub struct Kernels {
     gemv: Arc<Kernel>,
     /// The GEMV for one row (a decode step), named registers instead of a row array.
     gemv_m1: Arc<Kernel>,
-    /// `gemv_m1` as 32 column pairs x 8 K slices, for large matrices (the logits).
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     gemv_rows: Arc<Kernel>,
@@ -527,7 +529,7 @@ impl Kernels {
             gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
             gemv_stream: gpu.kernel(
                 "gemv_stream_f16",
-                &gemv_stream_source(gemv_stream_slices(gpu.device.limits().max_compute_invocations_per_workgroup))?,
+                &gemv_stream_source(gemv_stream_slices(&gpu.device.limits()))?,
                 &[R, R, R, R, R, W],
             )?,
             gemv_rows: gpu.kernel("gemv_rows_f16", GEMV_ROWS_SOURCE, &[R, R, R, R, R, W])?,
