@@ -175,9 +175,17 @@ fn log_mel_threads(samples_16k: &[f32], n_mels: usize, pad_samples: usize, threa
     let parts: Vec<(Vec<f32>, f32)> = if threads == 1 {
         vec![frames(0)]
     } else {
+        // A thread the system refuses (out of resources) leaves its part to this one.
         std::thread::scope(|sc| {
-            let handles: Vec<_> = (0..threads).map(|i| sc.spawn(move || frames(i * per))).collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+            let handles: Vec<_> =
+                (0..threads).map(|i| (i, std::thread::Builder::new().spawn_scoped(sc, move || frames(i * per)))).collect();
+            handles
+                .into_iter()
+                .map(|(i, h)| match h {
+                    Ok(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                    Err(_) => frames(i * per),
+                })
+                .collect()
         })
     };
     let max = parts.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);

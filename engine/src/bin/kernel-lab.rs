@@ -610,7 +610,7 @@ fn gemv_variants() -> Vec<Variant> {
     );
     let c64 = prod_reshape(&prod, "gemv.cp64.kg4", "gemv, CP 8 -> 64, KG 32 -> 4", 64, 4);
     // The shipped kernel for matrices of 8 MiB and more, in both of its shapes (the engine
-    // takes 64 slices where the device allows 512 invocations).
+    // takes 64 slices where the device's limits allow: `gemv_stream_slices`).
     let stream = [32u32, 64].map(|kg| {
         let v = Variant {
             name: format!("gemv_stream.kg{kg}"),
