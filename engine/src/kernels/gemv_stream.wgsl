@@ -5,8 +5,8 @@
 //
 // Built to stream: a thread owns 8 columns (one 16-byte vec4<u32> of W per k; the 8
 // threads of a slice read 128 contiguous bytes of a k-row) in one K slice and walks its
-// slice with one load per k and nothing else in the loop, so the driver's compiler unrolls
-// and pipelines the loads itself; a workgroup covers 64 columns and KG slices of K, merged
+// slice with one load per k and nothing else in the loop, leaving the unrolling and the
+// loads in flight to the driver's compiler; a workgroup covers 64 columns and KG slices of K, merged
 // through workgroup memory at the end. The kernel lab (`--gemv-only`, H200) measured it
 // near the pure-read ceiling of its access pattern: 1 GiB at 98 % of the copy ceiling
 // measured in the same run, 512 MiB at 97 %, 128 MiB at 87 %, where gemv.wgsl's `main_m1`
@@ -16,7 +16,7 @@
 // (K up to ~3072, a few MB) main_m1 stays faster: there a dispatch's latency counts.
 //
 // KG (slices) and the workgroup size are rewritten together by kernels/mod.rs: 64 slices
-// where the device allows 512 invocations, else 32. N must be a multiple of 8 (mod.rs
+// where the device allows 512 invocations and ~18 KiB of workgroup memory, else 32. N must be a multiple of 8 (mod.rs
 // takes gemv.wgsl's `main_m1` otherwise). flags as gemv.wgsl: 1 bias, 2 GELU, 4
 // accumulate, 16 LayerNorm folded in (the row's statistics computed per workgroup first).
 

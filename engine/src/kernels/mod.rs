@@ -567,6 +567,18 @@ impl Kernels {
         self
     }
 
+    /// The same kernels with the streaming GEMV built for `slices` K slices (32 or 64)
+    /// whatever the device's limits would pick (tests hold both shapes to the CPU).
+    pub fn with_stream_slices(mut self, gpu: &Gpu, slices: u32) -> Result<Kernels> {
+        let name = match slices {
+            32 => "gemv_stream_f16 (32 slices)",
+            64 => "gemv_stream_f16 (64 slices)",
+            _ => return Err(Error::Invalid(format!("gemv_stream: {slices} K slices (32 or 64)"))),
+        };
+        self.gemv_stream = gpu.kernel(name, &gemv_stream_source(slices)?, &[Access::Read, Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite])?;
+        Ok(self)
+    }
+
     /// Whether the GEMMs run on cooperative matrices.
     pub fn uses_coop(&self) -> bool {
         self.gemm_coop.is_some()

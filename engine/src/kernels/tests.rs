@@ -106,8 +106,11 @@ fn linear_gemv_matches_reference() {
 }
 
 fn run_linear_ln(r: &mut StdRng, m: usize, n: usize, k: usize, gelu: bool, accumulate: bool) {
+    run_linear_ln_with(&Kernels::load(gpu()).unwrap(), r, m, n, k, gelu, accumulate);
+}
+
+fn run_linear_ln_with(kern: &Kernels, r: &mut StdRng, m: usize, n: usize, k: usize, gelu: bool, accumulate: bool) {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
     // A large mean, as a transformer's residual stream has.
     let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 3.0).collect();
     let gm = rand_vec(r, k, 1.0);
@@ -147,6 +150,27 @@ fn linear_ln_matches_reference() {
     }
     run_linear_ln(&mut r, 1, 78, 61, true, false);
     run_linear_ln(&mut r, 2, 34, 39, false, true);
+}
+
+/// Both shapes of the streaming GEMV (the device's limits pick one for the engine), with
+/// the LayerNorm folded in, GELU and the residual, on a matrix over 8 MiB whose last
+/// workgroup is one column group wide; and a shape it does not have is refused.
+#[test]
+fn gemv_stream_both_shapes_match_reference() {
+    let mut r = rng("gemv_stream");
+    let g = gpu();
+    for slices in [32, 64] {
+        let kern = Kernels::load(g).unwrap().with_stream_slices(g, slices).unwrap();
+        run_linear_ln_with(&kern, &mut r, 1, 4104, 1025, true, true);
+        run_linear_ln_with(&kern, &mut r, 1, 104_864, 40, false, false);
+    }
+    assert!(Kernels::load(g).unwrap().with_stream_slices(g, 48).is_err());
+    // What the device's limits choose: 32 under wgpu's defaults (256 invocations, 16 KiB).
+    assert_eq!(super::gemv_stream_slices(&wgpu::Limits::default()), 32);
+    let big = wgpu::Limits { max_compute_invocations_per_workgroup: 1024, max_compute_workgroup_storage_size: 32 << 10, ..Default::default() };
+    assert_eq!(super::gemv_stream_slices(&big), 64);
+    let narrow = wgpu::Limits { max_compute_invocations_per_workgroup: 1024, ..Default::default() };
+    assert_eq!(super::gemv_stream_slices(&narrow), 32);
 }
 
 #[test]

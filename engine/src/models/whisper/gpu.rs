@@ -567,9 +567,8 @@ impl GpuWhisper {
         let heads = self.dims.n_heads as u32;
         let hd = self.dims.head_dim() as u32;
         let (du, f) = (d as usize, self.dims.ffn);
-        // The GEMMs under stages of their own ("encoder qkv", ...), so the per-kernel table
-        // times each shape (they share one kernel, and N = d_model with K = 4 d has few
-        // workgroups for a big GPU).
+        // The GEMMs under stages of their own ("encoder qkv", ...): they share one kernel,
+        // and the per-kernel table then times each shape apart.
         for l in &self.enc_layers {
             k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &l.attn_norm.gamma, &l.attn_norm.beta, &self.enc_xn, 0, LN_EPS)?;
             rec.stage("encoder qkv");
