@@ -10,7 +10,10 @@
 //! encoder output, lives with the model: `LogitSource::draft`, `--speculative self-q8`):
 //! - **hint**: a token sequence the caller expects, e.g. live mode's previous hypothesis
 //!   for the same audio (re-decoded 0.5 s later it mostly repeats). While the window's
-//!   tokens so far are a prefix of the hint, the rest of the hint is the draft.
+//!   tokens so far follow the hint, the rest of the hint is the draft. Timestamps follow
+//!   each other whatever their times: given more audio, Whisper keeps the words and moves
+//!   the segment boundaries by a few frames (`<|7.40|><|7.40|>` becomes `<|7.28|><|7.28|>`),
+//!   so a time the window chose instead of the hint's replaces that time in the draft too.
 //! - **n-gram** ("prompt lookup"): the last few tokens are looked up in the hint and in the
 //!   text so far (the previous windows' text is in the prompt); what followed their latest
 //!   earlier occurrence is the draft.
@@ -88,12 +91,14 @@ pub struct Drafter {
     hint: Vec<u32>,
     /// Tokens that end a draft (end of text: nothing follows it in a window).
     stop: u32,
+    /// The first timestamp token (ids from it on are times; `u32::MAX`: none).
+    timestamp_begin: u32,
     len: usize,
 }
 
 impl Drafter {
-    pub fn new(hint: &[u32], stop: u32) -> Self {
-        Drafter { hint: hint.to_vec(), stop, len: START_DRAFT }
+    pub fn new(hint: &[u32], stop: u32, timestamp_begin: u32) -> Self {
+        Drafter { hint: hint.to_vec(), stop, timestamp_begin, len: START_DRAFT }
     }
 
     /// Up to `min(limit, current length)` tokens likely to follow `sampled` (this window's
@@ -101,8 +106,9 @@ impl Drafter {
     pub fn propose(&self, prompt: &[u32], sampled: &[u32], limit: usize) -> Vec<u32> {
         let take_n = |from: &[u32], n: usize| -> Vec<u32> { from.iter().take(n).take_while(|&&t| t != self.stop).copied().collect() };
         // The hint, while this window follows it: as far as the pass takes.
-        if sampled.len() < self.hint.len() && self.hint.starts_with(sampled) {
-            return take_n(&self.hint[sampled.len()..], limit);
+        if let Some(moved) = self.follows(sampled) {
+            let rest = self.hint[sampled.len()..].iter().map(|&t| moved.iter().rev().find(|m| m.0 == t).map_or(t, |m| m.1));
+            return rest.take(limit).take_while(|&t| t != self.stop).collect();
         }
         let want = self.len.min(limit);
         if want == 0 {
@@ -127,6 +133,25 @@ impl Drafter {
             }
         }
         Vec::new()
+    }
+
+    /// Whether `sampled` follows the hint: shorter, and equal to its start but for times
+    /// (a timestamp where the hint has one). Returns the times moved: (hint's, sampled).
+    fn follows(&self, sampled: &[u32]) -> Option<Vec<(u32, u32)>> {
+        if sampled.len() >= self.hint.len() {
+            return None;
+        }
+        let is_time = |t: u32| t >= self.timestamp_begin;
+        let mut moved = Vec::new();
+        for (&h, &s) in self.hint.iter().zip(sampled) {
+            if h != s {
+                if !(is_time(h) && is_time(s)) {
+                    return None;
+                }
+                moved.push((h, s));
+            }
+        }
+        Some(moved)
     }
 
     /// How many tokens to draft now, at most `limit` (a draft model's request).
@@ -160,10 +185,12 @@ mod tests {
     use super::*;
 
     const EOT: u32 = 99;
+    /// Timestamps: ids from 100 on (100 = 0.00 s).
+    const TS: u32 = 100;
 
     #[test]
     fn draft_follows_the_hint_while_the_window_agrees_with_it() {
-        let d = Drafter::new(&[5, 6, 7, 8, 9, 10, 11], EOT);
+        let d = Drafter::new(&[5, 6, 7, 8, 9, 10, 11], EOT, TS);
         // Followed: as much of the hint as the pass takes.
         assert_eq!(d.propose(&[1, 2], &[], 5), vec![5, 6, 7, 8, 9]);
         assert_eq!(d.propose(&[1, 2], &[5, 6], 3), vec![7, 8, 9]);
@@ -174,8 +201,25 @@ mod tests {
     }
 
     #[test]
+    fn draft_follows_the_hint_across_moved_timestamps() {
+        // <|0.00|> 5 6 <|1.40|><|1.40|> 7 8 <|3.00|>: the window chose 1.36 for the boundary.
+        let d = Drafter::new(&[100, 5, 6, 170, 170, 7, 8, 250], EOT, TS);
+        assert_eq!(d.propose(&[1], &[100, 5, 6], 8), vec![170, 170, 7, 8, 250]);
+        // The moved time is drafted where the hint repeats it; other times stay.
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 168], 8), vec![168, 7, 8, 250]);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 168, 168], 2), vec![7, 8]);
+        // A text token where the hint has a time (or the reverse) is a divergence: the
+        // n-gram lookup takes over ("6" is followed by 170 in the hint, "170" last by 7).
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 9, 6], 8), vec![170, 170, 7, 8]);
+        assert_eq!(d.propose(&[1], &[100, 5, 170], 8), vec![7, 8, 250]);
+        // Without timestamps (`u32::MAX`) times are tokens like any other.
+        let plain = Drafter::new(&[100, 5, 6, 170, 170, 7], EOT, u32::MAX);
+        assert_eq!(plain.propose(&[1], &[100, 5, 6, 168], 8), Vec::<u32>::new());
+    }
+
+    #[test]
     fn draft_looks_up_the_longest_ngram_in_the_text_so_far() {
-        let d = Drafter::new(&[], EOT);
+        let d = Drafter::new(&[], EOT, TS);
         // "3 4" occurred in the prompt followed by 5 6; "4" alone last by 9.
         let prompt = [3, 4, 5, 6, 7, 4, 9];
         assert_eq!(d.propose(&prompt, &[3, 4], 8), vec![5, 6, 7, 4]);
@@ -189,7 +233,7 @@ mod tests {
     #[test]
     fn draft_length_adapts_to_acceptance() {
         // N-gram drafts ("7" is followed by twenty tokens in the prompt).
-        let mut d = Drafter::new(&[], EOT);
+        let mut d = Drafter::new(&[], EOT, TS);
         let prompt: Vec<u32> = [7].into_iter().chain(20..40).collect();
         assert_eq!(d.propose(&prompt, &[7], 20).len(), 4);
         d.record(4, 4, 7);
@@ -204,7 +248,7 @@ mod tests {
         assert_eq!(d.propose(&prompt, &[7], 20).len(), 1);
         assert_eq!(d.propose(&prompt, &[7], 0).len(), 0);
         // A followed hint is drafted whole whatever the n-gram length.
-        let mut h = Drafter::new(&[1; 20], EOT);
+        let mut h = Drafter::new(&[1; 20], EOT, TS);
         h.record(4, 0, 7);
         assert_eq!(h.propose(&[], &[], 7).len(), 7);
     }

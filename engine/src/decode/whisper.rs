@@ -153,6 +153,8 @@ pub struct SpecStats {
     /// Draft tokens checked, and those kept.
     pub drafted: usize,
     pub accepted: usize,
+    /// Positions decoded one at a time while drafting because no draft was proposed.
+    pub alone: usize,
 }
 
 impl SpecStats {
@@ -160,6 +162,7 @@ impl SpecStats {
         self.passes += o.passes;
         self.drafted += o.drafted;
         self.accepted += o.accepted;
+        self.alone += o.alone;
     }
 
     /// Kept draft tokens per drafted one (0 without drafts).
@@ -433,7 +436,7 @@ pub fn decode_window(
     let mut steps = 0;
     // Speculative decoding: drafts only where the source can verify them.
     let max_verify = if opts.speculative == Speculative::Off { 0 } else { src.max_verify() };
-    let mut drafter = Drafter::new(&opts.draft_hint, sp.eot);
+    let mut drafter = Drafter::new(&opts.draft_hint, sp.eot, if timestamps { sp.timestamp_begin } else { u32::MAX });
     let mut spec = SpecStats::default();
     // Positions a verify pass computed past the last chosen token: (the draft token fed
     // there, the scores after it, its rules), oldest first, and the pass's draft length.
@@ -538,6 +541,7 @@ pub fn decode_window(
             drafter.propose(prompt, &tokens, room)
         };
         if draft.is_empty() {
+            spec.alone += usize::from(max_verify > 0);
             scores = src.advance(&[token], &step.rules)?;
             continue;
         }
