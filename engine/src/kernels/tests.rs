@@ -185,6 +185,8 @@ fn linear_rows_matches_reference_and_rows_equal_lone_rows() {
     run_rows_equal_lone(&mut r, rows, 4, 64, 512, true, false, false);
     run_rows_equal_lone(&mut r, biased, 8, 99, 384, true, false, false);
     run_rows_equal_lone(&mut r, rows, 11, 65, 70, true, false, true);
+    // A verify pass's logits: 8 rows already normalised (the LayerNorm is its own dispatch).
+    run_rows_equal_lone(&mut r, rows, 8, 1003, 390, false, false, false);
 }
 
 /// Weights of a per-row GEMV test: f16, or quantized in a block format.
@@ -281,6 +283,9 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
+    // tiny.en's verify-pass shapes: the QKV GEMV with its LayerNorm, fc2 accumulating.
+    run_rows_equal_lone(&mut r, TestWeights::F16, 8, 1152, 384, true, false, false);
+    run_rows_equal_lone(&mut r, TestWeights::F16, 6, 384, 1536, false, false, true);
     // Over 8 MiB: main_m1 (N = 4098, no multiple of 8) and the streaming GEMV (4104).
     run_rows_equal_lone(&mut r, TestWeights::F16, 2, 4098, 1025, true, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 4104, 1025, true, true, true);
