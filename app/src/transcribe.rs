@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long, value_name = "SOURCE", default_value = "off", value_parser = parse_speculative)]
     speculative: Speculative,
 
-    /// Decoder layers of the `self-q8`/`self-q4` draft model [default: half, rounded up].
+    /// Decoder layers of the `self-q8`/`self-q4` draft model [default: all of them].
     #[arg(long, value_name = "N")]
     draft_layers: Option<usize>,
 
