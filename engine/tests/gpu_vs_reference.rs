@@ -634,6 +634,16 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
                 assert_eq!(v[i], single[i].0, "verify of {k}: position {i} differs from a single step");
             }
         }
+        // Every draft kept, then single steps: the first one runs the step the model
+        // encoded while the pass ran (for the position after the pass).
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+        g.verify(&tokens[..5], &rules[..5]).unwrap();
+        for i in 5..tokens.len() {
+            let sc = g.advance(&tokens[i..=i], &rules[i]).unwrap();
+            assert_eq!(sc, single[i].0, "after a verify pass: position {i}");
+            assert_eq!(g.last_logits().unwrap(), single[i].1, "after a verify pass: logits at {i}");
+        }
         // Rejected drafts: feed tokens[0] and three wrong ones, keep one, roll two back,
         // then go on one step at a time: the same scores and logits as never drafting.
         g.begin_window(&mel).unwrap();

@@ -720,9 +720,17 @@ impl GpuWhisper {
         rec.submit_early_at(&self.early_submit);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &sps, true)?;
         rec.submit(Some(&mut self.profile))?;
+        let t_submitted = std::time::Instant::now();
+        // While the GPU runs the pass: the single step after it, for when every draft holds
+        // and nothing is drafted next (the end of a live hint: the new audio's first token).
+        // A rollback drops it; the step then records anew as before.
+        if !g.timing_dispatches() && pos0 + n < self.dims.text_ctx {
+            let sp = select_params(&rules[n - 1], vocab, self.ts_begin, self.eot, 0);
+            self.pending = Some(self.record_step(1, pos0 + n, &sp)?);
+        }
         let t_wait = std::time::Instant::now();
         g.map_and_wait(&self.readback)?;
-        self.host_times.0 += (t_wait - t_record).as_secs_f64();
+        self.host_times.0 += (t_submitted - t_record).as_secs_f64();
         self.host_times.1 += t_wait.elapsed().as_secs_f64();
         self.host_times.2 += 1;
         let words = self.read_scores(n)?;
