@@ -617,6 +617,19 @@ mod tests {
         let cut = bytes.len() - 12_345;
         let reason = audio_reason(decode_reader(Pieces(&bytes[..cut]), &bytes[..HEAD_LEN], Path::new("p.wav")));
         assert!(reason.contains("truncated"), "{reason}");
+        // A read that fails (not an end of file) is that failure, not "truncated".
+        struct Failing<'a>(Pieces<'a>, usize);
+        impl Read for Failing<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if self.1 == 0 {
+                    return Err(io::Error::other("the disk went away"));
+                }
+                self.1 -= 1;
+                self.0.read(buf)
+            }
+        }
+        let e = decode_reader(Failing(Pieces(&bytes), 20), &bytes[..HEAD_LEN], Path::new("p.wav")).unwrap_err().to_string();
+        assert!(e.contains("the disk went away") && !e.contains("truncated"), "{e}");
     }
 
     #[test]

@@ -1107,6 +1107,9 @@ mod tests {
                         assert!(r.spec.accepted > 0, "{what}: drafts were kept: {:?}", r.spec);
                     }
                     assert_eq!(src.verifies, r.spec.passes, "{what}");
+                    // Each step's scores came from the prompt, a verify pass (its first
+                    // position, or a kept draft) or a position decoded alone.
+                    assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone, "{what}: {:?}", r.spec);
                     assert!(r.spec.accepted <= r.spec.drafted);
                     if name == "exact" {
                         // The whole window in a few passes, nothing rolled back (only a draft

@@ -679,11 +679,7 @@ impl GpuWhisper {
             }
         }
         let t_submitted = std::time::Instant::now();
-        if pipelined && pos0 + n < self.dims.text_ctx {
-            // The next step's dispatches, parameters and bind groups while the GPU works; its
-            // token and rules follow in the next call (a step that never comes is dropped).
-            self.pending = Some(self.record_step(1, pos0 + n, &sp)?);
-        }
+        self.encode_step_ahead(pos0 + n, &sp)?;
         let t_wait = std::time::Instant::now();
         g.map_and_wait(&self.readback)?;
         // (The encoding of the next step, between the two, overlaps the GPU's work.)
@@ -724,10 +720,7 @@ impl GpuWhisper {
         // While the GPU runs the pass: the single step after it, for when every draft holds
         // and nothing is drafted next (the end of a live hint: the new audio's first token).
         // A rollback drops it; the step then records anew as before.
-        if !g.timing_dispatches() && pos0 + n < self.dims.text_ctx {
-            let sp = select_params(&rules[n - 1], vocab, self.ts_begin, self.eot, 0);
-            self.pending = Some(self.record_step(1, pos0 + n, &sp)?);
-        }
+        self.encode_step_ahead(pos0 + n, &select_params(&rules[n - 1], vocab, self.ts_begin, self.eot, 0))?;
         let t_wait = std::time::Instant::now();
         g.map_and_wait(&self.readback)?;
         self.host_times.0 += (t_submitted - t_record).as_secs_f64();
@@ -818,6 +811,16 @@ impl GpuWhisper {
             })
             .collect();
         Ok(GreedySteps { picks, scores: words.chunks(8).map(scores_from_words).collect(), steps })
+    }
+
+    /// Encode the single step at `pos` while the GPU works (untimed runs only): its
+    /// dispatches, parameters and bind groups now; its token and rules follow in the call
+    /// that submits it (`decode_positions`). A step that never comes is dropped.
+    fn encode_step_ahead(&mut self, pos: usize, sp: &SelectParams) -> Result<()> {
+        if !self.gpu.timing_dispatches() && pos < self.dims.text_ctx {
+            self.pending = Some(self.record_step(1, pos, sp)?);
+        }
+        Ok(())
     }
 
     /// Record the decoder over `n` positions from `pos0` (tokens already in `tokens`), the
