@@ -27,7 +27,11 @@
 //! - with `--file`, the file transcribed with every draft source: decode ms per emitted
 //!   token, acceptance, tokens per verify pass (the text must equal `off`'s, else the
 //!   bench stops);
-//! - `--quant q8_0|q4_0`: all of the above with the decoder's weights quantized.
+//! - `--quant q8_0|q4_0`: all of the above with the decoder's weights quantized;
+//! - `--step-parts`: decode ms/token (16 steps per readback) with each part of a step left
+//!   out in turn (embed, the QKV GEMV, self-attention, ..., logits, selection; the results are
+//!   then wrong, only the time counts): what each part costs in the stream of a step, which
+//!   the per-kernel table (a pass per dispatch) does not say.
 //!
 //! Every figure is the minimum over `--batches` timed batches (after a warm-up), with the
 //! spread (max / min) beside it. A binary, never a timed test.
@@ -72,6 +76,11 @@ pub struct Args {
     /// Copy-ceiling buffer size in MiB (clamped to the adapter's binding limit).
     #[arg(long, default_value_t = 512)]
     copy_mib: u64,
+
+    /// Also time decode steps with each part of the step left out in turn (what each
+    /// part costs in the stream of a step; the per-kernel table times dispatches alone).
+    #[arg(long)]
+    step_parts: bool,
 
     /// The decoder's weights in q8_0 or q4_0 (default f16).
     #[arg(long, value_name = "FORMAT", value_parser = |s: &str| s.parse::<BlockFormat>().map_err(|e| e.to_string()))]
@@ -304,6 +313,37 @@ fn bench(args: &Args) -> Result<(), String> {
         }
     }
 
+    // Each part of a step left out in turn, the most steps per readback: what the part
+    // costs where it runs, between its neighbours (first row: nothing left out).
+    let mut parts_ms = Vec::new();
+    if args.step_parts && model.max_steps() > 1 {
+        let k = model.max_steps();
+        let calls = (steps / k).max(1);
+        for part in std::iter::once(None).chain(engine::models::whisper::gpu::DECODE_PARTS.iter().copied().map(Some)) {
+            gpu.leave_out(part);
+            let mut v = Vec::new();
+            let mut per_step = 0.0;
+            for b in 0..=batches {
+                model.begin_window(&mel).map_err(err)?;
+                model.advance(&prompt4, &rules).map_err(err)?;
+                let before = model.profile.total_dispatches();
+                let t = Instant::now();
+                for _ in 0..calls {
+                    // The same first token every call: with a part left out the picks are
+                    // meaningless, and the timing does not depend on them.
+                    let step = engine::decode::Step { rules, check_ts_over_text: false };
+                    model.greedy_steps(text_token(4), k, &step, None).map_err(err)?;
+                }
+                if b > 0 {
+                    v.push(t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64);
+                    per_step = (model.profile.total_dispatches() - before) as f64 / (calls * k) as f64;
+                }
+            }
+            parts_ms.push((part.unwrap_or("nothing"), k, per_step, stat(&v)));
+        }
+        gpu.leave_out(None);
+    }
+
     // Verify passes of n positions (k = n - 1 drafts), rolled back after each. Guard: a
     // verify pass must give each position's scores bit for bit as single steps do (a
     // driver that fuses differently in the multi-row kernel would change transcripts).
@@ -464,6 +504,16 @@ fn bench(args: &Args) -> Result<(), String> {
             "| decode, ms/token, {k} steps per readback ({n} steps) | {:.4} | {:.2} | the device picks each next token; per step: host records {r:.4}, waits {w:.4} |",
             v.min, v.spread
         );
+    }
+    if let Some((_, _, _, all)) = parts_ms.first() {
+        for (part, k, per_step, v) in &parts_ms[1..] {
+            println!(
+                "| decode without {part}, ms/token, {k} per readback | {:.4} | {:.2} | {per_step:.1} dispatches a step; the part costs {:.4} in the stream |",
+                v.min,
+                v.spread,
+                all.min - v.min
+            );
+        }
     }
     for (n, early, v, r, w) in &verify_ms {
         let how = match early.as_slice() {

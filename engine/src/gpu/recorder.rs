@@ -159,6 +159,9 @@ pub struct Recorder<'g> {
     early_at: Vec<usize>,
     /// Dispatches already submitted early, for the profile's counts.
     submitted: Vec<(&'static str, &'static str, Cost)>,
+    /// The part of the model being recorded (`part`) and the one left out (`Gpu::leave_out`).
+    part: &'static str,
+    leave_out: Option<&'static str>,
 }
 
 /// A recording encoded into a command buffer, its parameters already written (queued
@@ -200,6 +203,8 @@ impl<'g> Recorder<'g> {
             written: Vec::new(),
             early_at: Vec::new(),
             submitted: Vec::new(),
+            part: "",
+            leave_out: gpu.left_out(),
         }
     }
 
@@ -297,6 +302,13 @@ impl<'g> Recorder<'g> {
     /// Name the stage the following dispatches belong to (encoder, prefill, decode...).
     pub fn stage(&mut self, stage: &'static str) {
         self.stage = stage;
+        self.part = "";
+    }
+
+    /// Name the part of the model the following dispatches compute (a decode step's
+    /// "cross_attention", "logits", ...), for `Gpu::leave_out`.
+    pub fn part(&mut self, part: &'static str) {
+        self.part = part;
     }
 
     pub fn len(&self) -> usize {
@@ -414,7 +426,11 @@ impl<'g> Recorder<'g> {
                 bg
             }
         };
-        self.cmds.push(Cmd::Dispatch { kernel: kernel.clone(), bind, groups, stage: self.stage, cost });
+        // A part left out keeps its parameter slot and bind group (the cache and the slots
+        // of later dispatches stay as they are) and records no command.
+        if self.leave_out.is_none_or(|l| l != self.part) {
+            self.cmds.push(Cmd::Dispatch { kernel: kernel.clone(), bind, groups, stage: self.stage, cost });
+        }
         if self.early_at.last().is_some_and(|&n| self.slots.len() >= n) {
             while self.early_at.last().is_some_and(|&n| self.slots.len() >= n) {
                 self.early_at.pop();

@@ -401,6 +401,45 @@ fn key4(j: u32, c: u32, ok: bool) -> vec4<f32> {
     return vec4<f32>(k[b], k[b + 1u], k[b + 2u], k[b + 3u]);
 }
 
+// Values of this thread's keys g + 4 i, i = 4 r .. 4 r + 3 (zero past the split's n keys),
+// in dimension lid % 64 (`vb` addresses key g's).
+fn val4(vb: u32, vs4: u32, r: u32, g: u32, n: u32) -> vec4<f32> {
+    let i = 4u * r;
+    var a = vec4<f32>(0.0);
+    if (g + 4u * i < n) {
+        a.x = v[vb + i * vs4];
+    }
+    if (g + 4u * (i + 1u) < n) {
+        a.y = v[vb + (i + 1u) * vs4];
+    }
+    if (g + 4u * (i + 2u) < n) {
+        a.z = v[vb + (i + 2u) * vs4];
+    }
+    if (g + 4u * (i + 3u) < n) {
+        a.w = v[vb + (i + 3u) * vs4];
+    }
+    return a;
+}
+
+// acc += p_j v_j for the four keys of `val4(.., r, ..)` that exist, in key order.
+fn acc_pre(acc0: f32, vr: vec4<f32>, r: u32, g: u32, n: u32) -> f32 {
+    let j = g + 16u * r;
+    var acc = acc0;
+    if (j < n) {
+        acc = fma(sc[j], vr.x, acc);
+    }
+    if (j + 4u < n) {
+        acc = fma(sc[j + 4u], vr.y, acc);
+    }
+    if (j + 8u < n) {
+        acc = fma(sc[j + 8u], vr.z, acc);
+    }
+    if (j + 12u < n) {
+        acc = fma(sc[j + 12u], vr.w, acc);
+    }
+    return acc;
+}
+
 fn qs4(c: u32) -> vec4<f32> {
     return vec4<f32>(qs[c], qs[c + 1u], qs[c + 2u], qs[c + 3u]);
 }
@@ -411,16 +450,22 @@ fn kdot(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>, part: u32) -> f3
     return t.x + t.y + t.z + t.w;
 }
 
+fn op2(a: f32, b: f32, is_max: bool) -> f32 {
+    if (is_max) {
+        return max(a, b);
+    }
+    return a + b;
+}
+
+// Max or sum of v over the 256 threads (every thread gets it). Two levels of the binary
+// tree per barrier: (r[l] + r[l + 2s]) + (r[l + s] + r[l + 3s]) is exactly what the
+// levels 2s and s compute, so the sums keep their bits with 4 barriers instead of 8.
 fn reduce2(v: f32, lid: u32, is_max: bool) -> f32 {
     red2[lid] = v;
     workgroupBarrier();
-    for (var st = AW / 2u; st > 0u; st = st / 2u) {
+    for (var st = AW / 4u; st > 0u; st = st / 4u) {
         if (lid < st) {
-            if (is_max) {
-                red2[lid] = max(red2[lid], red2[lid + st]);
-            } else {
-                red2[lid] += red2[lid + st];
-            }
+            red2[lid] = op2(op2(red2[lid], red2[lid + 2u * st], is_max), op2(red2[lid + st], red2[lid + 3u * st], is_max), is_max);
         }
         workgroupBarrier();
     }
@@ -480,6 +525,30 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         let b3 = key4(j_lo + kq + 192u, c0 + 16u, ok3);
         let e3 = key4(j_lo + kq + 192u, c0 + 32u, ok3);
         let f3 = key4(j_lo + kq + 192u, c0 + 48u, ok3);
+        // The values too: thread (dimension lid % 64, group g = lid / 64) sums p v over
+        // keys g, g + 4, ... (as `attend` does), so it needs at most 64 values, loaded
+        // here with the keys. Loaded after the softmax, they cost four more trips to memory
+        // (rounds of 16 keys) at the end of every split.
+        let g = lid / 64u;
+        let n = select(0u, j_hi - j_lo, j_hi > j_lo);
+        let vb = p.v_off + (j_lo + g) * p.v_stride + hb + lid % 64u;
+        let vs4 = 4u * p.v_stride;
+        let v0 = val4(vb, vs4, 0u, g, n);
+        let v1 = val4(vb, vs4, 1u, g, n);
+        let v2 = val4(vb, vs4, 2u, g, n);
+        let v3 = val4(vb, vs4, 3u, g, n);
+        let v4 = val4(vb, vs4, 4u, g, n);
+        let v5 = val4(vb, vs4, 5u, g, n);
+        let v6 = val4(vb, vs4, 6u, g, n);
+        let v7 = val4(vb, vs4, 7u, g, n);
+        let v8 = val4(vb, vs4, 8u, g, n);
+        let v9 = val4(vb, vs4, 9u, g, n);
+        let v10 = val4(vb, vs4, 10u, g, n);
+        let v11 = val4(vb, vs4, 11u, g, n);
+        let v12 = val4(vb, vs4, 12u, g, n);
+        let v13 = val4(vb, vs4, 13u, g, n);
+        let v14 = val4(vb, vs4, 14u, g, n);
+        let v15 = val4(vb, vs4, 15u, g, n);
         let qb = p.q_off + qi * p.q_stride + h * d;
         if (lid < 64u) {
             qs[lid] = q[qb + lid] * p.scale;
@@ -495,7 +564,26 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         if (valid) {
             s64 = kpart[4u * lid] + kpart[4u * lid + 1u] + kpart[4u * lid + 2u] + kpart[4u * lid + 3u];
         }
-        attend(s64, qi, h, split, n_splits, j_lo, j_hi, lid);
+        let sm = split_softmax(s64, lid);
+        // The same fmas in the same key order as `attend`'s rounds: the same bits.
+        var acc = 0.0;
+        acc = acc_pre(acc, v0, 0u, g, n);
+        acc = acc_pre(acc, v1, 1u, g, n);
+        acc = acc_pre(acc, v2, 2u, g, n);
+        acc = acc_pre(acc, v3, 3u, g, n);
+        acc = acc_pre(acc, v4, 4u, g, n);
+        acc = acc_pre(acc, v5, 5u, g, n);
+        acc = acc_pre(acc, v6, 6u, g, n);
+        acc = acc_pre(acc, v7, 7u, g, n);
+        acc = acc_pre(acc, v8, 8u, g, n);
+        acc = acc_pre(acc, v9, 9u, g, n);
+        acc = acc_pre(acc, v10, 10u, g, n);
+        acc = acc_pre(acc, v11, 11u, g, n);
+        acc = acc_pre(acc, v12, 12u, g, n);
+        acc = acc_pre(acc, v13, 13u, g, n);
+        acc = acc_pre(acc, v14, 14u, g, n);
+        acc = acc_pre(acc, v15, 15u, g, n);
+        split_write(acc, 0.0, sm.x, sm.y, qi, h, split, n_splits, lid);
         return;
     }
     let kb = select(0u, p.k_off + j * p.k_stride + h * d, valid);
@@ -570,15 +658,20 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 
 // The rest of a split once thread lid holds its key's score s (NEG for none): softmax
 // over the split, p · v, and the partial (or, with `direct`, the output).
-fn attend(s: f32, qi: u32, h: u32, split: u32, n_splits: u32, j_lo: u32, j_hi: u32, lid: u32) {
-    let d = p.d;
+// The split's softmax: thread lid's exp(s - max) into sc[lid]; returns (max, sum).
+fn split_softmax(s: f32, lid: u32) -> vec2<f32> {
     let mx = reduce2(s, lid, true);
     var e = 0.0;
     if (s > NEG) {
         e = exp(s - mx);
     }
     sc[lid] = e;
-    let total = reduce2(e, lid, false);
+    return vec2<f32>(mx, reduce2(e, lid, false));
+}
+
+fn attend(s: f32, qi: u32, h: u32, split: u32, n_splits: u32, j_lo: u32, j_hi: u32, lid: u32) {
+    let d = p.d;
+    let sm = split_softmax(s, lid);
     let cd = lid % 64u;
     let g = lid / 64u;
     var acc0 = 0.0;
@@ -735,6 +828,14 @@ fn attend(s: f32, qi: u32, h: u32, split: u32, n_splits: u32, j_lo: u32, j_hi: u
             acc1 = fma(pj, v[vb + cd + 64u], acc1);
         }
     }
+    split_write(acc0, acc1, sm.x, sm.y, qi, h, split, n_splits, lid);
+}
+
+// The split's output: the four groups' sums of p v (acc0: dimension lid % 64, acc1: + 64)
+// added, then the normalised row (`direct`: one split) or the partial (max, sum, acc[d]).
+fn split_write(acc0: f32, acc1: f32, mx: f32, total: f32, qi: u32, h: u32, split: u32, n_splits: u32, lid: u32) {
+    let d = p.d;
+    let cd = lid % 64u;
     part0[lid] = acc0;
     part1[lid] = acc1;
     workgroupBarrier();

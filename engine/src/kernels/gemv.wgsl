@@ -395,9 +395,19 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     let slot = kg * CP + li.x;
     red[slot] = a + b;
     workgroupBarrier();
-    for (var st = KG / 2u; st > 0u; st = st / 2u) {
-        if (kg < st) {
-            red[slot] += red[slot + st * CP];
+    // The K slices' tree, two levels per barrier (the same sums as level by level; see
+    // wg_sum in gemv_common.wgsl).
+    var st = KG / 2u;
+    for (; st >= 2u; st = st / 4u) {
+        let q = st / 2u;
+        if (kg < q) {
+            red[slot] = (red[slot] + red[slot + st * CP]) + (red[slot + q * CP] + red[slot + (st + q) * CP]);
+        }
+        workgroupBarrier();
+    }
+    if (st == 1u) {
+        if (kg == 0u) {
+            red[slot] += red[slot + CP];
         }
         workgroupBarrier();
     }

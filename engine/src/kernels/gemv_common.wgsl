@@ -21,13 +21,24 @@ fn ln_on() -> bool {
     return (p.flags & 16u) != 0u;
 }
 
-// Sum of v over the workgroup (every thread gets it). Uniform control flow.
+// Sum of v over the workgroup (every thread gets it). Uniform control flow. Two levels of
+// the binary tree per barrier while they last: (r[l] + r[l + 2s]) + (r[l + s] + r[l + 3s])
+// is exactly what levels 2s and s add, so the bits are the binary tree's with half the
+// barriers (a decode GEMV with the LayerNorm folded in waits on two of these trees).
 fn wg_sum(v: f32, lid: u32) -> f32 {
     rs[lid] = v;
     workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st = st / 2u) {
-        if (lid < st) {
-            rs[lid] += rs[lid + st];
+    var st = WG / 2u;
+    for (; st >= 2u; st = st / 4u) {
+        let q = st / 2u;
+        if (lid < q) {
+            rs[lid] = (rs[lid] + rs[lid + st]) + (rs[lid + q] + rs[lid + st + q]);
+        }
+        workgroupBarrier();
+    }
+    if (st == 1u) {
+        if (lid == 0u) {
+            rs[0] += rs[1];
         }
         workgroupBarrier();
     }

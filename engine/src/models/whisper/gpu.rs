@@ -52,6 +52,23 @@ pub const MAX_DRAFT: usize = MAX_VERIFY;
 
 /// Most decode steps per readback (`greedy_steps`).
 pub const MAX_STEPS: usize = 16;
+
+/// The parts of a decode step as recorded (`Recorder::part`), in order; `verbatim bench
+/// --step-parts` leaves each out in turn (`Gpu::leave_out`).
+pub const DECODE_PARTS: [&str; 12] = [
+    "embed",
+    "self_qkv",
+    "self_attention",
+    "self_out",
+    "cross_q",
+    "cross_attention",
+    "cross_out",
+    "fc1",
+    "fc2",
+    "final_norm",
+    "logits",
+    "select",
+];
 /// Dispatch counts at which a verify pass submits what it has recorded: the embedding and
 /// one decoder layer (8 dispatches a layer; the H200 runs a layer of 8 rows in ≈ 0.13 ms
 /// while the host records the other layers, ≈ 5 µs a dispatch).
@@ -884,6 +901,7 @@ impl GpuWhisper {
         Self::record_forward(k, dims, layers, logits_w, b, rec, n, pos0, 0, per_row)?;
         // A verify pass's rows in one pair of dispatches (one pair per row was ~14 dependent
         // dispatches more for 8 positions).
+        rec.part("select");
         match sps {
             [sp] => k.select(rec, b.logits, b.suppress, sp, b.select_out)?,
             _ => k.select_rows(rec, b.logits, b.suppress, sps, b.select_out)?,
@@ -929,6 +947,7 @@ impl GpuWhisper {
         let lin = |rec: &mut Recorder, x: Rows, norm: Option<&Norm>, w: Lin, y: Rows, ep: Epilogue| -> Result<()> {
             lin_m(rec, x, m, norm, w.w, Some(w.b), y, ep)
         };
+        rec.part("embed");
         k.embed(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x)?;
         let x = Rows::new(b.dec_x, d);
         let s3 = 3 * d;
@@ -937,7 +956,9 @@ impl GpuWhisper {
         // tiled GEMM).
         for l in layers {
             let qkv = Rows::at(l.qkv_cache, pos0 * s3, s3);
+            rec.part("self_qkv");
             lin(rec, x, Some(l.self_norm), l.qkv, qkv, plain)?;
+            rec.part("self_attention");
             k.attention(
                 rec,
                 &AttentionArgs {
@@ -952,8 +973,10 @@ impl GpuWhisper {
                     causal: Some(p0),
                 },
             )?;
+            rec.part("self_out");
             lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
             let q = Rows::new(b.dec_q, d);
+            rec.part("cross_q");
             lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
             let cross = AttentionArgs {
                 q,
@@ -968,6 +991,7 @@ impl GpuWhisper {
             };
             // f16 weights: the output projection merges the attention's key splits itself
             // (one dispatch less); quantized ones take the merged output.
+            rec.part("cross_attention");
             let merged = match l.cross_out.w {
                 WRef::F16(_) => k.attention_unmerged(rec, &cross)?,
                 _ => {
@@ -975,12 +999,15 @@ impl GpuWhisper {
                     None
                 }
             };
+            rec.part("cross_out");
             match (merged, l.cross_out.w) {
                 (Some(splits), WRef::F16(w)) => k.linear_merged(rec, m, heads, hd, splits, w, Some(l.cross_out.b), x, acc)?,
                 _ => lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?,
             }
             let h = Rows::new(b.dec_h, dims.ffn);
+            rec.part("fc1");
             lin(rec, x, Some(l.ffn_norm), l.fc1, h, gelu)?;
+            rec.part("fc2");
             lin(rec, h, None, l.fc2, x, acc)?;
         }
         // The final LayerNorm and the logits (tied embeddings): of the last position only, or
@@ -991,10 +1018,15 @@ impl GpuWhisper {
         let (xl, ml) = if per_row { (x, m) } else { (Rows::at(b.dec_x, (n - 1) * d, d), 1) };
         match logits_w {
             WRef::Rows(_) => {
+                rec.part("final_norm");
                 k.layer_norm(rec, xl.buf, xl.off, ml, d as u32, &b.dec_norm.gamma, &b.dec_norm.beta, b.dec_xn, 0, LN_EPS)?;
+                rec.part("logits");
                 lin_m(rec, Rows::new(b.dec_xn, d), ml, None, logits_w, None, logits, plain)
             }
-            _ => lin_m(rec, xl, ml, Some(b.dec_norm), logits_w, None, logits, plain),
+            _ => {
+                rec.part("logits");
+                lin_m(rec, xl, ml, Some(b.dec_norm), logits_w, None, logits, plain)
+            }
         }
     }
 
