@@ -162,8 +162,6 @@ pub struct Recorder<'g> {
     /// The part of the model being recorded (`part`) and the one left out (`Gpu::leave_out`).
     part: &'static str,
     leave_out: Option<&'static str>,
-    /// What the next decode GEMV should bring into L2 (`prefetch`).
-    prefetch: Option<(wgpu::Buffer, u32)>,
 }
 
 /// A recording encoded into a command buffer, its parameters already written (queued
@@ -207,7 +205,6 @@ impl<'g> Recorder<'g> {
             submitted: Vec::new(),
             part: "",
             leave_out: gpu.left_out(),
-            prefetch: None,
         }
     }
 
@@ -306,18 +303,6 @@ impl<'g> Recorder<'g> {
     pub fn stage(&mut self, stage: &'static str) {
         self.stage = stage;
         self.part = "";
-    }
-
-    /// Have the next decode GEMV (`Kernels::linear_per_row` and the like, when they run the
-    /// M = 1 kernel) bring the first `words` words of `buf` into L2 while it runs: the
-    /// weights of a dispatch after it, which the previous step's reads evicted. Any other
-    /// kernel drops the request.
-    pub fn prefetch(&mut self, buf: &wgpu::Buffer, words: u32) {
-        self.prefetch = Some((buf.clone(), words));
-    }
-
-    pub fn take_prefetch(&mut self) -> Option<(wgpu::Buffer, u32)> {
-        self.prefetch.take()
     }
 
     /// Name the part of the model the following dispatches compute (a decode step's

@@ -196,66 +196,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
 
 @compute @workgroup_size(8, 32)
 fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
-    m1(wg, li);
-}
-
-// `main_m1` with one more grid layer (z = m) whose workgroups bring the first `pf_words`
-// words of `pf` into L2 while the rows are computed: the weights (or cross-attention K|V)
-// of a dispatch that follows. A decode step reads ~75 MB (the 40 MB logits table, 16.5 MB
-// of layer weights, 18 MB of cross K|V for tiny.en), more than the H200's L2 holds, so
-// every kernel of the next step found its weights evicted and waited on memory for its
-// first loads. The layer's loads are only fetched (one word per 32-byte sector) and
-// xor-ed; an xor that happens to equal the bits of `eps` xor PF_MAGIC (a runtime value the
-// compiler cannot know) is written to `sink`, so the loads cannot be compiled away and nothing the
-// model reads changes. The decoder runs this entry for every decode GEMV (with or without
-// a prefetch), so verify passes and single steps run the same pipeline.
-@group(0) @binding(7) var<storage, read> pf: array<u32>;
-@group(0) @binding(8) var<storage, read_write> sink: array<u32>;
-
-@compute @workgroup_size(8, 32)
-fn main_m1_pf(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(local_invocation_id) li: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
-    if (wg.z >= p.m) {
-        prefetch_l2(wg.x + wg.y * nwg.x, nwg.x * nwg.y, li.y * CP + li.x);
-        return;
-    }
-    m1(wg, li);
-}
-
-const PF_MAGIC: u32 = 0x9e3779b9u; // so that an all-zero stretch (xor 0) does not match
-
-// Workgroup b of nb touches its share of pf's 32-byte sectors, eight loads in flight per
-// thread (a loop of single loads would wait for each).
-fn prefetch_l2(b: u32, nb: u32, lid: u32) {
-    let sectors = (p.pf_words + 7u) / 8u;
-    let per = (sectors + nb - 1u) / nb;
-    let lo = b * per;
-    let hi = min(sectors, lo + per);
-    var acc = 0u;
-    var s = lo + lid;
-    for (; s + 7u * WG < hi; s += 8u * WG) {
-        let a0 = pf[8u * s];
-        let a1 = pf[8u * (s + WG)];
-        let a2 = pf[8u * (s + 2u * WG)];
-        let a3 = pf[8u * (s + 3u * WG)];
-        let a4 = pf[8u * (s + 4u * WG)];
-        let a5 = pf[8u * (s + 5u * WG)];
-        let a6 = pf[8u * (s + 6u * WG)];
-        let a7 = pf[8u * (s + 7u * WG)];
-        acc ^= (a0 ^ a1) ^ (a2 ^ a3) ^ (a4 ^ a5) ^ (a6 ^ a7);
-    }
-    for (; s < hi; s += WG) {
-        acc ^= pf[8u * s];
-    }
-    if (acc == (bitcast<u32>(p.eps) ^ PF_MAGIC)) {
-        sink[lid] = acc;
-    }
-}
-
-fn m1(wg: vec3<u32>, li: vec3<u32>) {
     let nw = p.n / 2u;
     let cw = (wg.x + wg.y * 32768u) * CP + li.x;
     let kg = li.y;

@@ -11,9 +11,7 @@ struct Params {
     eps: f32,
     // gemv.wgsl flag 32 only: X is the split attention's partials, `merge_splits` splits of
     // heads of `merge_hd` (see gemv.wgsl)
-    merge_splits: u32, merge_hd: u32,
-    // gemv.wgsl main_m1_pf only: words of the buffer bound as `pf` to bring into L2
-    pf_words: u32,
+    merge_splits: u32, merge_hd: u32, _p2: u32,
 }
 
 var<workgroup> rs: array<f32, WG>; // one per thread (wg_sum)

@@ -320,8 +320,7 @@ struct GemvParams {
     eps: f32,
     merge_splits: u32,
     merge_hd: u32,
-    /// `main_m1_pf`: words of the buffer bound as `pf` to bring into L2 (0: none).
-    pf_words: u32,
+    _pad: u32,
 }
 
 impl GemvParams {
@@ -344,7 +343,7 @@ impl GemvParams {
             eps: norm.map_or(0.0, |n| n.eps),
             merge_splits: 0,
             merge_hd: 0,
-            pf_words: 0,
+            _pad: 0,
         }
     }
 }
@@ -511,8 +510,6 @@ pub struct Kernels {
     /// Per row: 64 partial reductions of the logits + the probe logit (see select.wgsl).
     select_partials: Buffer,
     zero: Buffer,
-    /// Where `main_m1_pf`'s prefetch layer could write (see gemv.wgsl); never read.
-    prefetch_sink: Buffer,
 }
 
 impl Kernels {
@@ -536,9 +533,7 @@ impl Kernels {
                 &[R, R, R, R, R, W],
             )?,
             gemv_rows: gpu.kernel("gemv_rows_f16", GEMV_ROWS_SOURCE, &[R, R, R, R, R, W])?,
-            // The entry with the L2 prefetch layer (`Recorder::prefetch`), prefetching or not:
-            // every decode GEMV runs the same pipeline.
-            gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1_pf", &[R, R, R, R, R, W, R, W])?,
+            gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
             gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
             gemv_q8_wide: gpu.kernel_entry("gemv_wide_q8_0", &gemv_q_wide_source()?, "main_q8", &[R, R, R, R, R, R, W])?,
@@ -561,7 +556,6 @@ impl Kernels {
             select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W])?,
             select_partials: gpu.buffer("select partials", SELECT_ROW_PARTIALS * SELECT_ROWS as u64 * 4)?,
             zero: gpu.buffer("zero", 16)?,
-            prefetch_sink: gpu.buffer("prefetch sink", 1024)?,
         })
     }
 
@@ -629,12 +623,11 @@ impl Kernels {
         ep: Epilogue,
         per_row: bool,
     ) -> Result<()> {
-        let mut params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
+        let params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         if norm.is_some() {
             cost.bytes += w.k as u64 * 8;
         }
-        let prefetch = rec.take_prefetch();
         let b = bias.unwrap_or(&self.zero);
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
         // Per row: the M = 1 kernel with one grid layer per row, each row computed exactly as
@@ -651,42 +644,7 @@ impl Kernels {
             cost.bytes += (m as u64 - 1) * w.bytes() / 8;
         }
         let g = grid_1d((w.n / 2).div_ceil(cp));
-        if Arc::ptr_eq(kernel, &self.gemv_m1) {
-            let (pf, layers) = self.prefetch_layer(prefetch.as_ref().map(|(b, w)| (b, *w)), &mut params, &mut cost, layers);
-            return rec.dispatch(
-                kernel,
-                bytemuck::bytes_of(&params),
-                &[x.buf, &w.buf, b, gamma, beta, y.buf, pf, &self.prefetch_sink],
-                [g[0], g[1], layers],
-                cost,
-            );
-        }
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], layers], cost)
-    }
-
-    /// Where `main_m1_pf`'s prefetch layer writes the (never used) xor of what it read.
-    #[cfg(test)]
-    pub(crate) fn prefetch_sink(&self) -> &Buffer {
-        &self.prefetch_sink
-    }
-
-    /// `main_m1_pf`'s prefetch: the buffer to bind as `pf` and the grid's layers (one more
-    /// for a prefetch), the words in the parameters and the bytes in the cost.
-    fn prefetch_layer<'a>(
-        &'a self,
-        prefetch: Option<(&'a Buffer, u32)>,
-        params: &mut GemvParams,
-        cost: &mut Cost,
-        layers: u32,
-    ) -> (&'a Buffer, u32) {
-        match prefetch {
-            Some((buf, words)) if words > 0 => {
-                params.pf_words = words;
-                cost.bytes += words as u64 * 4;
-                (buf, layers + 1)
-            }
-            _ => (&self.zero, layers),
-        }
     }
 
     /// [`Kernels::linear_ln`] (or [`Kernels::linear`] with `norm` None) for up to
@@ -974,7 +932,6 @@ impl Kernels {
         }
         let part = Rows::new(&self.attention_partials, 0);
         let mut params = GemvParams::new(part, m, w.n, w.k, None, bias.is_some(), y, ep);
-        let prefetch = rec.take_prefetch();
         params.flags |= GEMV_FLAG_MERGE;
         params.merge_splits = n_splits;
         params.merge_hd = head_dim;
@@ -984,12 +941,11 @@ impl Kernels {
         // `main_m1` at any size: the merge (flag 32) is its own, and the projection it feeds
         // is d_model x d_model (3.3 MB for large-v3), below the streaming GEMV's sizes.
         let g = grid_1d((w.n / 2).div_ceil(GEMV_COLUMN_PAIRS));
-        let (pf, layers) = self.prefetch_layer(prefetch.as_ref().map(|(b, w)| (b, *w)), &mut params, &mut cost, m);
         rec.dispatch(
             &self.gemv_m1,
             bytemuck::bytes_of(&params),
-            &[part.buf, &w.buf, b, &self.zero, &self.zero, y.buf, pf, &self.prefetch_sink],
-            [g[0], g[1], layers],
+            &[part.buf, &w.buf, b, &self.zero, &self.zero, y.buf],
+            [g[0], g[1], m],
             cost,
         )
     }

@@ -291,50 +291,6 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 4104, 1025, true, true, true);
 }
 
-/// A decode GEMV that also brings a buffer into L2 (`Recorder::prefetch`, main_m1_pf's extra
-/// grid layer): the rows are bit for bit those of the GEMV without it, and the layer did read
-/// the buffer (a marker word whose sector's xor equals eps's bits lands in the sink).
-#[test]
-fn prefetch_layer_reads_its_buffer_and_leaves_the_rows_alone() {
-    let mut r = rng("prefetch_layer");
-    let g = gpu();
-    let kern = Kernels::load(g).unwrap();
-    let eps = 1e-5f32;
-    for &(m, n, k, norm_on, words, marked) in &[(1usize, 130usize, 45usize, true, 1000usize, 77usize), (3, 1152, 384, false, 4099, 511)] {
-        let x = rand_vec(&mut r, m * k, 1.0);
-        let gm = rand_vec(&mut r, k, 1.0);
-        let bt = rand_vec(&mut r, k, 0.5);
-        let w = f16_round(&rand_vec(&mut r, n * k, 0.5));
-        let fm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
-        let b = rand_vec(&mut r, n, 0.5);
-        let (xb, gb, btb, bb) = (g.upload_f32("x", &x).unwrap(), g.upload_f32("gamma", &gm).unwrap(), g.upload_f32("beta", &bt).unwrap(), g.upload_f32("b", &b).unwrap());
-        // Zero except the first word of sector `marked`: only that thread's xor matches
-        // (eps's bits, 0 without a LayerNorm, xor gemv.wgsl's PF_MAGIC).
-        let marker = if norm_on { eps.to_bits() } else { 0 } ^ 0x9e37_79b9;
-        let mut pfw = vec![0u32; words];
-        pfw[8 * marked] = marker;
-        let pf = g.upload("pf", bytemuck::cast_slice(&pfw)).unwrap();
-        let norm = || norm_on.then_some(NormArgs { gamma: &gb, beta: &btb, eps });
-        let (with, without) = (poisoned(m * n), poisoned(m * n));
-        let mut rec = g.recorder();
-        rec.prefetch(&pf, words as u32);
-        kern.linear_per_row(&mut rec, Rows::new(&xb, k), m as u32, norm(), &fm, Some(&bb), Rows::new(&with, n), Epilogue::default()).unwrap();
-        assert!(rec.take_prefetch().is_none(), "the GEMV takes the request");
-        kern.linear_per_row(&mut rec, Rows::new(&xb, k), m as u32, norm(), &fm, Some(&bb), Rows::new(&without, n), Epilogue::default()).unwrap();
-        rec.submit(None).unwrap();
-        let (a, b2) = (g.read_f32(&with, 0, m * n).unwrap(), g.read_f32(&without, 0, m * n).unwrap());
-        for (i, (p, q)) in a.iter().zip(&b2).enumerate() {
-            assert_eq!(p.to_bits(), q.to_bits(), "m={m} n={n} k={k}: element {i} is {p} with the prefetch, {q} without");
-        }
-        let xn = if norm_on { ops::layer_norm(&x, m, k, &gm, &bt, eps) } else { x.clone() };
-        let want = ops::linear(&xn, m, k, &w, n, Some(&b[..]));
-        assert!(rel_err(&a, &want) < 1e-5, "m={m} n={n} k={k}: rel err {}", rel_err(&a, &want));
-        let sink: Vec<u32> = bytemuck::cast_slice(&g.read_f32(kern.prefetch_sink(), 0, 256).unwrap()).to_vec();
-        assert!(sink.contains(&marker), "m={m} n={n} k={k}: the prefetch layer never read the marker");
-        g.write(kern.prefetch_sink(), 0, &[0u8; 1024]);
-    }
-}
-
 #[test]
 fn linear_gemm_matches_reference() {
     let mut r = rng("linear_gemm");

@@ -53,20 +53,6 @@ pub const MAX_DRAFT: usize = MAX_VERIFY;
 /// Most decode steps per readback (`greedy_steps`).
 pub const MAX_STEPS: usize = 16;
 
-/// An f16 matrix's buffer and its size in 32-bit words (None for other formats).
-fn weight_words<'a>(w: WRef<'a>) -> Option<(&'a Buffer, usize)> {
-    match w {
-        WRef::F16(f) => Some((&f.buf, f.n as usize * f.k as usize / 2)),
-        _ => None,
-    }
-}
-
-/// Whether decode GEMVs prefetch what follows them into L2 (`VERBATIM_NO_PREFETCH=1`: no).
-fn prefetch_wanted() -> bool {
-    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var_os("VERBATIM_NO_PREFETCH").is_none_or(|v| v.is_empty() || v == "0"))
-}
-
 /// The parts of a decode step as recorded (`Recorder::part`), in order; `verbatim bench
 /// --step-parts` leaves each out in turn (`Gpu::leave_out`).
 pub const DECODE_PARTS: [&str; 12] = [
@@ -961,15 +947,6 @@ impl GpuWhisper {
         let lin = |rec: &mut Recorder, x: Rows, norm: Option<&Norm>, w: Lin, y: Rows, ep: Epilogue| -> Result<()> {
             lin_m(rec, x, m, norm, w.w, Some(w.b), y, ep)
         };
-        // Each decode GEMV brings the weights (or K|V) of a dispatch after it into L2 (see
-        // `main_m1_pf` in gemv.wgsl): the step's 75 MB (tiny.en) do not stay in L2 from one
-        // step to the next. `VERBATIM_NO_PREFETCH=1` leaves it out, to compare.
-        let prefetching = m <= crate::kernels::GEMV_MAX_ROWS && prefetch_wanted();
-        let ahead = |rec: &mut Recorder, now: WRef, next: Option<(&Buffer, usize)>| {
-            if let (true, WRef::F16(_), Some((buf, words))) = (prefetching, now, next) {
-                rec.prefetch(buf, words as u32);
-            }
-        };
         rec.part("embed");
         k.embed(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x)?;
         let x = Rows::new(b.dec_x, d);
@@ -977,10 +954,9 @@ impl GpuWhisper {
         // Per layer: the LayerNorms are folded into the GEMVs that read them (for a few rows;
         // more rows of f16 weights go through the LayerNorm kernel into `dec_xn` and the
         // tiled GEMM).
-        for (li, l) in layers.iter().enumerate() {
+        for l in layers {
             let qkv = Rows::at(l.qkv_cache, pos0 * s3, s3);
             rec.part("self_qkv");
-            ahead(rec, l.qkv.w, weight_words(l.self_out.w));
             lin(rec, x, Some(l.self_norm), l.qkv, qkv, plain)?;
             rec.part("self_attention");
             k.attention(
@@ -998,11 +974,9 @@ impl GpuWhisper {
                 },
             )?;
             rec.part("self_out");
-            ahead(rec, l.self_out.w, Some((l.enc_kv, dims.audio_ctx * 2 * d)));
             lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
             let q = Rows::new(b.dec_q, d);
             rec.part("cross_q");
-            ahead(rec, l.cross_q.w, weight_words(l.cross_out.w));
             lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
             let cross = AttentionArgs {
                 q,
@@ -1026,17 +1000,14 @@ impl GpuWhisper {
                 }
             };
             rec.part("cross_out");
-            ahead(rec, l.cross_out.w, weight_words(l.fc1.w));
             match (merged, l.cross_out.w) {
                 (Some(splits), WRef::F16(w)) => k.linear_merged(rec, m, heads, hd, splits, w, Some(l.cross_out.b), x, acc)?,
                 _ => lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?,
             }
             let h = Rows::new(b.dec_h, dims.ffn);
             rec.part("fc1");
-            ahead(rec, l.fc1.w, weight_words(l.fc2.w));
             lin(rec, x, Some(l.ffn_norm), l.fc1, h, gelu)?;
             rec.part("fc2");
-            ahead(rec, l.fc2.w, layers.get(li + 1).and_then(|n| weight_words(n.qkv.w)));
             lin(rec, h, None, l.fc2, x, acc)?;
         }
         // The final LayerNorm and the logits (tied embeddings): of the last position only, or
