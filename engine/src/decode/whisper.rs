@@ -371,6 +371,43 @@ pub fn decode_window(
     blank: u32,
     opts: &DecodeOptions,
 ) -> Result<WindowResult> {
+    decode_window_of(src, prompt, sp, blank, opts, None)
+}
+
+/// The batch of device-picked steps to record next, given the window's `content` seconds
+/// of audio (not the zero padding): with timestamps, the last timestamp so far says how far
+/// into the audio the text is and the rate of tokens so far how many are likely left (the
+/// text since that timestamp already spent, plus a closing timestamp and end-of-text).
+/// A batch past the window's end-of-text computes steps for nothing (jfk: 14 of 40 steps
+/// in batches of 8, 16, 16). Only the speed depends on it: every batched step is checked.
+fn batch_for_content(batch: usize, tokens: &[u32], timestamp_begin: u32, content: Option<f64>) -> usize {
+    let Some(content) = content else {
+        return batch;
+    };
+    let Some((at, last)) = tokens.iter().enumerate().rev().find(|(_, &t)| t >= timestamp_begin) else {
+        return batch;
+    };
+    let seconds = f64::from(last - timestamp_begin) * 0.02;
+    if seconds < 1.0 {
+        return batch; // too little said to know the rate
+    }
+    let rate = (at + 1) as f64 / seconds;
+    let since = tokens.len() - at - 1;
+    let left = rate * (content - seconds).max(0.0) - since as f64 + 2.0;
+    // A quarter more than expected, and at least two: one token and the end-of-text.
+    batch.min(((left * 1.25).ceil() as usize).max(2))
+}
+
+/// [`decode_window`] for a window holding `content` seconds of audio (batches of
+/// device-picked steps sized to what is likely left; see `batch_for_content`).
+pub fn decode_window_of(
+    src: &mut dyn LogitSource,
+    prompt: &[u32],
+    sp: &SpecialTokens,
+    blank: u32,
+    opts: &DecodeOptions,
+    content: Option<f64>,
+) -> Result<WindowResult> {
     // CTranslate2 splits the prompt at <|startoftranscript|>: the run of specials from sot
     // to <|notimestamps|> is the start sequence; anything after it would be a forced
     // prefix, which faster-whisper only sends for its `prefix` option (not supported here).
@@ -492,7 +529,8 @@ pub fn decode_window(
             None => {}
         }
         step = rules.step(&tokens);
-        let k = batch.min(max_len - tokens.len());
+        let sized = if timestamps { batch_for_content(batch, &tokens, sp.timestamp_begin, content) } else { batch };
+        let k = sized.min(max_len - tokens.len());
         if k > 1 {
             batch = (batch * 2).min(batch_steps);
             let ts = if timestamps { TsState::new(&tokens, sp.timestamp_begin) } else { None };
@@ -710,10 +748,10 @@ pub fn transcribe(
         );
         // The hint is for the first window's audio only.
         let result = if stats.windows == 0 || opts.draft_hint.is_empty() {
-            decode_window(src, &prompt, sp, tok.blank_id(), opts)?
+            decode_window_of(src, &prompt, sp, tok.blank_id(), opts, Some(segment_duration))?
         } else {
             let later = DecodeOptions { draft_hint: Vec::new(), ..opts.clone() };
-            decode_window(src, &prompt, sp, tok.blank_id(), &later)?
+            decode_window_of(src, &prompt, sp, tok.blank_id(), &later, Some(segment_duration))?
         };
         stats.windows += 1;
         stats.tokens += result.tokens.len();
@@ -1165,6 +1203,34 @@ mod tests {
             assert!(src.step_batches > 0, "{what}");
             assert_eq!(src.rolled_back > 0, corrupt.is_some(), "{what}: {} rolled back", src.rolled_back);
         }
+    }
+
+    /// Batches of device-picked steps sized to the window's audio: the same output, and far
+    /// fewer steps computed past the end-of-text than batches of 8, 16, 16.
+    #[test]
+    fn batches_sized_to_the_audio_left_give_the_same_output_with_fewer_steps() {
+        let mut script = vec![ts(0.0)];
+        script.extend((0..14).map(|i| W[i % 5]));
+        script.extend([ts(4.0), ts(4.0)]);
+        script.extend((0..12).map(|i| W[(i + 2) % 5]));
+        script.push(ts(6.0));
+        let plain = decode_window(&mut mock_with_suppress(scripted(vec![script.clone()], 30.0)), &[SOT], &sp(), BLANK, &opts()).unwrap();
+        assert_eq!(plain.tokens, script, "the script is what the model says");
+        let mut computed = Vec::new();
+        for content in [None, Some(6.2), Some(30.0), Some(0.5)] {
+            let mut src = mock_with_suppress(scripted(vec![script.clone()], 30.0));
+            src.steps_max = 16;
+            let r = decode_window_of(&mut src, &[SOT], &sp(), BLANK, &opts(), content).unwrap();
+            assert_eq!(r.tokens, plain.tokens, "content {content:?}");
+            assert_eq!(r.sum_logprob.to_bits(), plain.sum_logprob.to_bits(), "content {content:?}");
+            assert_eq!(r.steps, plain.steps, "content {content:?}");
+            computed.push(src.calls.len());
+        }
+        // 31 steps (30 tokens and the end-of-text): the prompt, batches of 8, 16 and 16 compute
+        // 41 positions; sized to 6.2 s, a few more than the 31 needed.
+        assert!(computed[1] + 6 <= computed[0], "positions computed (none, 6.2 s, 30 s, 0.5 s): {computed:?}");
+        assert!(computed[1] <= 1 + plain.steps + 4, "{computed:?}");
+        assert!(computed[2] <= computed[0] && computed[3] <= computed[0], "{computed:?}");
     }
 
     /// The timestamp state the device keeps across batched steps derives the same masks as
