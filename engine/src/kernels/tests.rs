@@ -617,6 +617,109 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
     }
 }
 
+/// The cross-attention that projects its own queries (main_split_q: q = LayerNorm(x) Wq + b
+/// inside the split attention), merged into the output projection as in a decode step:
+/// against the CPU's LayerNorm, projection, attention and projection, and each row bit for
+/// bit the row alone (a verify pass against single steps).
+fn run_attention_q(r: &mut StdRng, tq: usize, tk: usize, heads: usize, n: usize) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (d, eps) = (64, 1e-5f32);
+    let kd = heads * d;
+    // x rows at offset 7, stride kd + 5 (the decoder's rows are a view too).
+    let (x_off, x_stride) = (7, kd + 5);
+    let x: Vec<f32> = rand_vec(r, tq * kd, 1.0).iter().map(|v| v + 0.5).collect();
+    let mut xs = vec![f32::NAN; x_off + tq * x_stride];
+    for i in 0..tq {
+        xs[x_off + i * x_stride..x_off + i * x_stride + kd].copy_from_slice(&x[i * kd..(i + 1) * kd]);
+    }
+    let (gm, bt, bq) = (rand_vec(r, kd, 1.0), rand_vec(r, kd, 0.5), rand_vec(r, kd, 0.5));
+    let wq = f16_round(&rand_vec(r, kd * kd, 0.5 / (kd as f32).sqrt()));
+    let k = rand_vec(r, tk * kd, 1.0);
+    let v = rand_vec(r, tk * kd, 1.0);
+    let mut kv = vec![0.0f32; tk * 2 * kd];
+    for j in 0..tk {
+        kv[j * 2 * kd..j * 2 * kd + kd].copy_from_slice(&k[j * kd..(j + 1) * kd]);
+        kv[j * 2 * kd + kd..(j + 1) * 2 * kd].copy_from_slice(&v[j * kd..(j + 1) * kd]);
+    }
+    let w = f16_round(&rand_vec(r, n * kd, 0.5));
+    let b = rand_vec(r, n, 0.5);
+    let xb = g.upload_f32("x", &xs).unwrap();
+    let qln: Vec<f32> = gm.iter().chain(&bt).chain(&bq).copied().collect();
+    let qlnb = g.upload_f32("gamma|beta|bq", &qln).unwrap();
+    let wqm = F16Matrix::from_bits(g, "wq", &f16_bits(&wq), kd, kd).unwrap();
+    let kvb = g.upload_f32("kv", &kv).unwrap();
+    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, kd).unwrap();
+    let bb = g.upload_f32("b", &b).unwrap();
+    let unused = poisoned(tq * kd);
+    let run = |rows: std::ops::Range<usize>| -> Vec<f32> {
+        let m = rows.len();
+        let yb = poisoned(m * n);
+        let mut rec = g.recorder();
+        let args = AttentionArgs {
+            q: Rows::new(&unused, kd),
+            k: Rows::at(&kvb, 0, 2 * kd),
+            v: Rows::at(&kvb, kd, 2 * kd),
+            out: Rows::new(&unused, kd),
+            tq: m as u32,
+            tk: tk as u32,
+            heads: heads as u32,
+            head_dim: d as u32,
+            causal: None,
+        };
+        let x = Rows::at(&xb, x_off + rows.start * x_stride, x_stride);
+        let splits = kern.cross_attention_q(&mut rec, x, &wqm, &qlnb, eps, &args).unwrap().expect("a shape it takes");
+        kern.linear_merged(&mut rec, m as u32, heads as u32, d as u32, splits, &wm, Some(&bb), Rows::new(&yb, n), Epilogue::default()).unwrap();
+        rec.submit(None).unwrap();
+        g.read_f32(&yb, 0, m * n).unwrap()
+    };
+    let got = run(0..tq);
+    let xn = ops::layer_norm(&x, tq, kd, &gm, &bt, eps);
+    let q = ops::linear(&xn, tq, kd, &wq, kd, Some(&bq[..]));
+    let att = ops::attention(&q, &k, &v, tq, tk, heads, d, None);
+    let want = ops::linear(&att, tq, kd, &w, n, Some(&b[..]));
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "attention projecting its queries tq={tq} tk={tk} heads={heads} n={n}: rel err {e}");
+    for i in 0..tq {
+        let lone = run(i..i + 1);
+        let same = lone.iter().zip(&got[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "attention projecting its queries: row {i} of {tq} differs from the query alone");
+    }
+}
+
+#[test]
+fn cross_attention_projecting_its_queries_matches_reference() {
+    let mut r = rng("attention_q");
+    run_attention_q(&mut r, 1, 1500, 6, 384); // tiny.en's decode step
+    run_attention_q(&mut r, 3, 530, 2, 46);
+    run_attention_q(&mut r, 8, 300, 4, 66);
+    run_attention_q(&mut r, 2, 700, 20, 130); // large-v3's width: every x register in use
+    // Shapes it does not take are None (the caller projects q itself), not wrong outputs.
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let buf = poisoned(64 * 64);
+    let w = F16Matrix::from_bits(g, "wq", &vec![0u16; 128 * 128], 128, 128).unwrap();
+    let args = AttentionArgs {
+        q: Rows::new(&buf, 128),
+        k: Rows::new(&buf, 256),
+        v: Rows::new(&buf, 256),
+        out: Rows::new(&buf, 128),
+        tq: 1,
+        tk: 600,
+        heads: 2,
+        head_dim: 64,
+        causal: None,
+    };
+    let mut rec = g.recorder();
+    let x = Rows::new(&buf, 128);
+    assert!(kern.cross_attention_q(&mut rec, x, &w, &buf, 1e-5, &AttentionArgs { tk: 100, ..args }).unwrap().is_none());
+    assert!(kern.cross_attention_q(&mut rec, x, &w, &buf, 1e-5, &AttentionArgs { causal: Some(0), ..args }).unwrap().is_none());
+    assert!(kern.cross_attention_q(&mut rec, x, &w, &buf, 1e-5, &AttentionArgs { heads: 4, head_dim: 32, ..args }).unwrap().is_none());
+    assert!(kern.cross_attention_q(&mut rec, x, &w, &buf, 1e-5, &AttentionArgs { tq: 9, ..args }).unwrap().is_none());
+    assert!(kern.cross_attention_q(&mut rec, x, &w, &buf, 1e-5, &AttentionArgs { heads: 3, ..args }).unwrap().is_none());
+    assert!(kern.cross_attention_q(&mut rec, x, &w, &buf, 1e-5, &args).unwrap().is_some());
+}
+
 #[test]
 fn attention_merged_into_the_projection_matches_reference() {
     let mut r = rng("attention_merged");
