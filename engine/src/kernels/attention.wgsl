@@ -474,258 +474,6 @@ fn reduce2(v: f32, lid: u32, is_max: bool) -> f32 {
     return r;
 }
 
-// head_dim 64 (every Whisper): a split's keys and values, loaded at once before q is
-// ready. Four threads per key, thread (key lid / 4 + 64 r, quarter lid % 4) reading
-// dimensions 4 quarter + 16 i as vec4, so that four neighbouring threads read 64 contiguous
-// bytes of a key. One thread per key reading its own 64 floats made every load of a warp
-// touch 32 cache lines (keys are a row stride apart): cross-attention over 1500 frames
-// cost ~20 us a split in a decode step. The values too: thread (dimension lid % 64, group
-// g = lid / 64) sums p v over keys g, g + 4, ... (as `attend` does), so it needs at most 64
-// values; loaded after the softmax, they cost four more trips to memory (rounds of 16
-// keys) at the end of every split.
-struct KV64 {
-    a0: vec4<f32>, b0: vec4<f32>, e0: vec4<f32>, f0: vec4<f32>,
-    a1: vec4<f32>, b1: vec4<f32>, e1: vec4<f32>, f1: vec4<f32>,
-    a2: vec4<f32>, b2: vec4<f32>, e2: vec4<f32>, f2: vec4<f32>,
-    a3: vec4<f32>, b3: vec4<f32>, e3: vec4<f32>, f3: vec4<f32>,
-    v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
-    v4: vec4<f32>, v5: vec4<f32>, v6: vec4<f32>, v7: vec4<f32>,
-    v8: vec4<f32>, v9: vec4<f32>, v10: vec4<f32>, v11: vec4<f32>,
-    v12: vec4<f32>, v13: vec4<f32>, v14: vec4<f32>, v15: vec4<f32>,
-}
-
-fn load_kv64(h: u32, sk: u32, j_lo: u32, j_hi: u32, lid: u32) -> KV64 {
-    let part = lid % 4u;
-    let kq = lid / 4u;
-    let hb = h * 64u;
-    let ok0 = kq < sk && j_lo + kq < j_hi;
-    let ok1 = kq + 64u < sk && j_lo + kq + 64u < j_hi;
-    let ok2 = kq + 128u < sk && j_lo + kq + 128u < j_hi;
-    let ok3 = kq + 192u < sk && j_lo + kq + 192u < j_hi;
-    let c0 = hb + 4u * part;
-    let g = lid / 64u;
-    let n = select(0u, j_hi - j_lo, j_hi > j_lo);
-    let vb = p.v_off + (j_lo + g) * p.v_stride + hb + lid % 64u;
-    let vs4 = 4u * p.v_stride;
-    return KV64(
-        key4(j_lo + kq, c0, ok0), key4(j_lo + kq, c0 + 16u, ok0), key4(j_lo + kq, c0 + 32u, ok0), key4(j_lo + kq, c0 + 48u, ok0),
-        key4(j_lo + kq + 64u, c0, ok1), key4(j_lo + kq + 64u, c0 + 16u, ok1), key4(j_lo + kq + 64u, c0 + 32u, ok1), key4(j_lo + kq + 64u, c0 + 48u, ok1),
-        key4(j_lo + kq + 128u, c0, ok2), key4(j_lo + kq + 128u, c0 + 16u, ok2), key4(j_lo + kq + 128u, c0 + 32u, ok2), key4(j_lo + kq + 128u, c0 + 48u, ok2),
-        key4(j_lo + kq + 192u, c0, ok3), key4(j_lo + kq + 192u, c0 + 16u, ok3), key4(j_lo + kq + 192u, c0 + 32u, ok3), key4(j_lo + kq + 192u, c0 + 48u, ok3),
-        val4(vb, vs4, 0u, g, n), val4(vb, vs4, 1u, g, n), val4(vb, vs4, 2u, g, n), val4(vb, vs4, 3u, g, n),
-        val4(vb, vs4, 4u, g, n), val4(vb, vs4, 5u, g, n), val4(vb, vs4, 6u, g, n), val4(vb, vs4, 7u, g, n),
-        val4(vb, vs4, 8u, g, n), val4(vb, vs4, 9u, g, n), val4(vb, vs4, 10u, g, n), val4(vb, vs4, 11u, g, n),
-        val4(vb, vs4, 12u, g, n), val4(vb, vs4, 13u, g, n), val4(vb, vs4, 14u, g, n), val4(vb, vs4, 15u, g, n),
-    );
-}
-
-// The rest of a head_dim 64 split once q (scaled) is in `qs` behind a barrier: scores,
-// softmax, p v from the loaded values, the partial (or the output).
-fn finish_split64(kv: KV64, qi: u32, h: u32, split: u32, n_splits: u32, sk: u32, j_lo: u32, j_hi: u32, lid: u32) {
-    let part = lid % 4u;
-    let g = lid / 64u;
-    let n = select(0u, j_hi - j_lo, j_hi > j_lo);
-    let valid = lid < sk && j_lo + lid < j_hi;
-    // partial of (key kk, quarter) at kpart[4 kk + quarter] = kpart[256 r + lid]
-    kpart[lid] = kdot(kv.a0, kv.b0, kv.e0, kv.f0, part);
-    kpart[256u + lid] = kdot(kv.a1, kv.b1, kv.e1, kv.f1, part);
-    kpart[512u + lid] = kdot(kv.a2, kv.b2, kv.e2, kv.f2, part);
-    kpart[768u + lid] = kdot(kv.a3, kv.b3, kv.e3, kv.f3, part);
-    workgroupBarrier();
-    var s64 = NEG;
-    if (valid) {
-        s64 = kpart[4u * lid] + kpart[4u * lid + 1u] + kpart[4u * lid + 2u] + kpart[4u * lid + 3u];
-    }
-    let sm = split_softmax(s64, lid);
-    // The same fmas in the same key order as `attend`'s rounds: the same bits.
-    var acc = 0.0;
-    acc = acc_pre(acc, kv.v0, 0u, g, n);
-    acc = acc_pre(acc, kv.v1, 1u, g, n);
-    acc = acc_pre(acc, kv.v2, 2u, g, n);
-    acc = acc_pre(acc, kv.v3, 3u, g, n);
-    acc = acc_pre(acc, kv.v4, 4u, g, n);
-    acc = acc_pre(acc, kv.v5, 5u, g, n);
-    acc = acc_pre(acc, kv.v6, 6u, g, n);
-    acc = acc_pre(acc, kv.v7, 7u, g, n);
-    acc = acc_pre(acc, kv.v8, 8u, g, n);
-    acc = acc_pre(acc, kv.v9, 9u, g, n);
-    acc = acc_pre(acc, kv.v10, 10u, g, n);
-    acc = acc_pre(acc, kv.v11, 11u, g, n);
-    acc = acc_pre(acc, kv.v12, 12u, g, n);
-    acc = acc_pre(acc, kv.v13, 13u, g, n);
-    acc = acc_pre(acc, kv.v14, 14u, g, n);
-    acc = acc_pre(acc, kv.v15, 15u, g, n);
-    split_write(acc, 0.0, sm.x, sm.y, qi, h, split, n_splits, lid);
-}
-
-// `main_split` for a cross-attention whose query projection it computes itself, one
-// dispatch instead of two per decoder layer and step: q = LayerNorm(x) Wq + b for this
-// workgroup's head (64 columns), from the decoder row x (bound as `xq`, row qi at q_off +
-// qi q_stride), Wq k-major as the GEMVs read it ([K][K/2] words of f16 pairs) and
-// gamma | beta | b in `qln`. Every split of the head computes the same q (the same sums in
-// the same order, so a verify pass's rows equal single steps). The x, gamma, beta and first
-// weight words are issued with the keys and values, so their latency overlaps; the 256
-// threads are 32 column pairs x 8 slices of K, merged in slice order.
-@group(0) @binding(5) var<storage, read> xq: array<f32>;
-@group(0) @binding(6) var<storage, read> wq: array<u32>;
-@group(0) @binding(7) var<storage, read> qln: array<f32>;
-
-const QK_MAX: u32 = 1280u; // d_model of the largest Whisper (ATTENTION_Q_MAX_K in mod.rs)
-var<workgroup> xs: array<f32, QK_MAX>;
-var<workgroup> qred: array<vec2<f32>, 256>;
-
-// Element lid + 256 i of x (0 past K) and its gamma, beta.
-fn xq_at(xb: u32, c: u32, kd: u32) -> vec3<f32> {
-    if (c >= kd) {
-        return vec3<f32>(0.0);
-    }
-    return vec3<f32>(xq[xb + c], qln[c], qln[kd + c]);
-}
-
-// Weight word (k, column pair wb) of Wq, 0 past the slice's end k1.
-fn wq_at(k: u32, k1: u32, nw: u32, wb: u32) -> u32 {
-    if (k >= k1) {
-        return 0u;
-    }
-    return wq[k * nw + wb];
-}
-
-fn ln_x(v: vec3<f32>, c: u32, kd: u32, mean: f32, inv: f32) {
-    if (c < kd) {
-        xs[c] = (v.x - mean) * inv * v.y + v.z;
-    }
-}
-
-@compute @workgroup_size(256)
-fn main_split_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let qi = wg.x;
-    let h = wg.y;
-    let split = wg.z;
-    let sk = p.split_keys;
-    let n_splits = (p.tk + sk - 1u) / sk;
-    let j_lo = split * sk;
-    let j_hi = min(p.tk, j_lo + sk);
-    let kd = p.heads * 64u;
-    let nw = kd / 2u;
-    let jp = lid % 32u;
-    let ks = lid / 32u;
-    let kc = kd / 8u;
-    let k0 = ks * kc;
-    let k1 = k0 + kc;
-    let wb = h * 32u + jp;
-    let xb = p.q_off + qi * p.q_stride;
-    let w0 = wq_at(k0, k1, nw, wb);
-    let w1 = wq_at(k0 + 1u, k1, nw, wb);
-    let w2 = wq_at(k0 + 2u, k1, nw, wb);
-    let w3 = wq_at(k0 + 3u, k1, nw, wb);
-    let w4 = wq_at(k0 + 4u, k1, nw, wb);
-    let w5 = wq_at(k0 + 5u, k1, nw, wb);
-    let w6 = wq_at(k0 + 6u, k1, nw, wb);
-    let w7 = wq_at(k0 + 7u, k1, nw, wb);
-    let w8 = wq_at(k0 + 8u, k1, nw, wb);
-    let w9 = wq_at(k0 + 9u, k1, nw, wb);
-    let w10 = wq_at(k0 + 10u, k1, nw, wb);
-    let w11 = wq_at(k0 + 11u, k1, nw, wb);
-    let w12 = wq_at(k0 + 12u, k1, nw, wb);
-    let w13 = wq_at(k0 + 13u, k1, nw, wb);
-    let w14 = wq_at(k0 + 14u, k1, nw, wb);
-    let w15 = wq_at(k0 + 15u, k1, nw, wb);
-    let x0 = xq_at(xb, lid, kd);
-    let x1 = xq_at(xb, lid + 256u, kd);
-    let x2 = xq_at(xb, lid + 512u, kd);
-    let x3 = xq_at(xb, lid + 768u, kd);
-    let x4 = xq_at(xb, lid + 1024u, kd);
-    var qb = vec2<f32>(0.0);
-    if (lid < 32u) {
-        qb = vec2<f32>(qln[2u * kd + h * 64u + 2u * lid], qln[2u * kd + h * 64u + 2u * lid + 1u]);
-    }
-    let kv = load_kv64(h, sk, j_lo, j_hi, lid);
-    // LayerNorm statistics as the GEMVs' (gemv_common.wgsl ln_stats): two passes, each
-    // thread's elements in order, one tree each.
-    let kf = f32(kd);
-    let mean = reduce2((((x0.x + x1.x) + x2.x) + x3.x) + x4.x, lid, false) / kf;
-    var sq = 0.0;
-    if (lid < kd) { let t = x0.x - mean; sq += t * t; }
-    if (lid + 256u < kd) { let t = x1.x - mean; sq += t * t; }
-    if (lid + 512u < kd) { let t = x2.x - mean; sq += t * t; }
-    if (lid + 768u < kd) { let t = x3.x - mean; sq += t * t; }
-    if (lid + 1024u < kd) { let t = x4.x - mean; sq += t * t; }
-    let inv = inverseSqrt(reduce2(sq, lid, false) / kf + p.ln_eps);
-    ln_x(x0, lid, kd, mean, inv);
-    ln_x(x1, lid + 256u, kd, mean, inv);
-    ln_x(x2, lid + 512u, kd, mean, inv);
-    ln_x(x3, lid + 768u, kd, mean, inv);
-    ln_x(x4, lid + 1024u, kd, mean, inv);
-    workgroupBarrier();
-    // This thread's K slice for its column pair: the first 16 words loaded above, then 16
-    // at a time (two accumulators, as gemv.wgsl main_m1).
-    var a = vec2<f32>(0.0);
-    var b = vec2<f32>(0.0);
-    a = fma(vec2<f32>(xs[k0]), unpack2x16float(w0), a);
-    b = fma(vec2<f32>(xs[k0 + 1u]), unpack2x16float(w1), b);
-    a = fma(vec2<f32>(xs[k0 + 2u]), unpack2x16float(w2), a);
-    b = fma(vec2<f32>(xs[k0 + 3u]), unpack2x16float(w3), b);
-    a = fma(vec2<f32>(xs[k0 + 4u]), unpack2x16float(w4), a);
-    b = fma(vec2<f32>(xs[k0 + 5u]), unpack2x16float(w5), b);
-    a = fma(vec2<f32>(xs[k0 + 6u]), unpack2x16float(w6), a);
-    b = fma(vec2<f32>(xs[k0 + 7u]), unpack2x16float(w7), b);
-    a = fma(vec2<f32>(xs[min(k0 + 8u, QK_MAX - 1u)]), unpack2x16float(w8), a);
-    b = fma(vec2<f32>(xs[min(k0 + 9u, QK_MAX - 1u)]), unpack2x16float(w9), b);
-    a = fma(vec2<f32>(xs[min(k0 + 10u, QK_MAX - 1u)]), unpack2x16float(w10), a);
-    b = fma(vec2<f32>(xs[min(k0 + 11u, QK_MAX - 1u)]), unpack2x16float(w11), b);
-    a = fma(vec2<f32>(xs[min(k0 + 12u, QK_MAX - 1u)]), unpack2x16float(w12), a);
-    b = fma(vec2<f32>(xs[min(k0 + 13u, QK_MAX - 1u)]), unpack2x16float(w13), b);
-    a = fma(vec2<f32>(xs[min(k0 + 14u, QK_MAX - 1u)]), unpack2x16float(w14), a);
-    b = fma(vec2<f32>(xs[min(k0 + 15u, QK_MAX - 1u)]), unpack2x16float(w15), b);
-    for (var k = k0 + 16u; k < k1; k += 16u) {
-        let u0 = wq_at(k, k1, nw, wb);
-        let u1 = wq_at(k + 1u, k1, nw, wb);
-        let u2 = wq_at(k + 2u, k1, nw, wb);
-        let u3 = wq_at(k + 3u, k1, nw, wb);
-        let u4 = wq_at(k + 4u, k1, nw, wb);
-        let u5 = wq_at(k + 5u, k1, nw, wb);
-        let u6 = wq_at(k + 6u, k1, nw, wb);
-        let u7 = wq_at(k + 7u, k1, nw, wb);
-        let u8 = wq_at(k + 8u, k1, nw, wb);
-        let u9 = wq_at(k + 9u, k1, nw, wb);
-        let u10 = wq_at(k + 10u, k1, nw, wb);
-        let u11 = wq_at(k + 11u, k1, nw, wb);
-        let u12 = wq_at(k + 12u, k1, nw, wb);
-        let u13 = wq_at(k + 13u, k1, nw, wb);
-        let u14 = wq_at(k + 14u, k1, nw, wb);
-        let u15 = wq_at(k + 15u, k1, nw, wb);
-        a = fma(vec2<f32>(xs[k]), unpack2x16float(u0), a);
-        b = fma(vec2<f32>(xs[min(k + 1u, QK_MAX - 1u)]), unpack2x16float(u1), b);
-        a = fma(vec2<f32>(xs[min(k + 2u, QK_MAX - 1u)]), unpack2x16float(u2), a);
-        b = fma(vec2<f32>(xs[min(k + 3u, QK_MAX - 1u)]), unpack2x16float(u3), b);
-        a = fma(vec2<f32>(xs[min(k + 4u, QK_MAX - 1u)]), unpack2x16float(u4), a);
-        b = fma(vec2<f32>(xs[min(k + 5u, QK_MAX - 1u)]), unpack2x16float(u5), b);
-        a = fma(vec2<f32>(xs[min(k + 6u, QK_MAX - 1u)]), unpack2x16float(u6), a);
-        b = fma(vec2<f32>(xs[min(k + 7u, QK_MAX - 1u)]), unpack2x16float(u7), b);
-        a = fma(vec2<f32>(xs[min(k + 8u, QK_MAX - 1u)]), unpack2x16float(u8), a);
-        b = fma(vec2<f32>(xs[min(k + 9u, QK_MAX - 1u)]), unpack2x16float(u9), b);
-        a = fma(vec2<f32>(xs[min(k + 10u, QK_MAX - 1u)]), unpack2x16float(u10), a);
-        b = fma(vec2<f32>(xs[min(k + 11u, QK_MAX - 1u)]), unpack2x16float(u11), b);
-        a = fma(vec2<f32>(xs[min(k + 12u, QK_MAX - 1u)]), unpack2x16float(u12), a);
-        b = fma(vec2<f32>(xs[min(k + 13u, QK_MAX - 1u)]), unpack2x16float(u13), b);
-        a = fma(vec2<f32>(xs[min(k + 14u, QK_MAX - 1u)]), unpack2x16float(u14), a);
-        b = fma(vec2<f32>(xs[min(k + 15u, QK_MAX - 1u)]), unpack2x16float(u15), b);
-    }
-    qred[lid] = a + b;
-    workgroupBarrier();
-    if (lid < 32u) {
-        var t = qred[lid];
-        for (var s = 1u; s < 8u; s++) {
-            t += qred[s * 32u + lid];
-        }
-        let qv = (t + qb) * p.scale;
-        qs[2u * lid] = qv.x;
-        qs[2u * lid + 1u] = qv.y;
-    }
-    workgroupBarrier();
-    finish_split64(kv, qi, h, split, n_splits, sk, j_lo, j_hi, lid);
-}
-
 @compute @workgroup_size(256)
 fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let qi = wg.x;
@@ -747,13 +495,95 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let j = j_lo + lid;
     let valid = lid < sk && j < j_hi;
     if (d == 64u && sk <= AW) {
-        let kv = load_kv64(h, sk, j_lo, j_hi, lid);
+        // head_dim 64 (every Whisper): four threads per key, thread (key lid / 4 + 64 r,
+        // quarter lid % 4) reading dimensions 4 quarter + 16 i as vec4, so that four
+        // neighbouring threads read 64 contiguous bytes of a key. One thread per key
+        // reading its own 64 floats made every load of a warp touch 32 cache lines (keys
+        // are a row stride apart): cross-attention over 1500 frames cost ~20 us a split in
+        // a decode step. All 16 loads are issued before q's barrier.
+        let part = lid % 4u;
+        let kq = lid / 4u;
+        let hb = h * 64u;
+        let ok0 = kq < sk && j_lo + kq < j_hi;
+        let ok1 = kq + 64u < sk && j_lo + kq + 64u < j_hi;
+        let ok2 = kq + 128u < sk && j_lo + kq + 128u < j_hi;
+        let ok3 = kq + 192u < sk && j_lo + kq + 192u < j_hi;
+        let c0 = hb + 4u * part;
+        let a0 = key4(j_lo + kq, c0, ok0);
+        let b0 = key4(j_lo + kq, c0 + 16u, ok0);
+        let e0 = key4(j_lo + kq, c0 + 32u, ok0);
+        let f0 = key4(j_lo + kq, c0 + 48u, ok0);
+        let a1 = key4(j_lo + kq + 64u, c0, ok1);
+        let b1 = key4(j_lo + kq + 64u, c0 + 16u, ok1);
+        let e1 = key4(j_lo + kq + 64u, c0 + 32u, ok1);
+        let f1 = key4(j_lo + kq + 64u, c0 + 48u, ok1);
+        let a2 = key4(j_lo + kq + 128u, c0, ok2);
+        let b2 = key4(j_lo + kq + 128u, c0 + 16u, ok2);
+        let e2 = key4(j_lo + kq + 128u, c0 + 32u, ok2);
+        let f2 = key4(j_lo + kq + 128u, c0 + 48u, ok2);
+        let a3 = key4(j_lo + kq + 192u, c0, ok3);
+        let b3 = key4(j_lo + kq + 192u, c0 + 16u, ok3);
+        let e3 = key4(j_lo + kq + 192u, c0 + 32u, ok3);
+        let f3 = key4(j_lo + kq + 192u, c0 + 48u, ok3);
+        // The values too: thread (dimension lid % 64, group g = lid / 64) sums p v over
+        // keys g, g + 4, ... (as `attend` does), so it needs at most 64 values, loaded
+        // here with the keys. Loaded after the softmax, they cost four more trips to memory
+        // (rounds of 16 keys) at the end of every split.
+        let g = lid / 64u;
+        let n = select(0u, j_hi - j_lo, j_hi > j_lo);
+        let vb = p.v_off + (j_lo + g) * p.v_stride + hb + lid % 64u;
+        let vs4 = 4u * p.v_stride;
+        let v0 = val4(vb, vs4, 0u, g, n);
+        let v1 = val4(vb, vs4, 1u, g, n);
+        let v2 = val4(vb, vs4, 2u, g, n);
+        let v3 = val4(vb, vs4, 3u, g, n);
+        let v4 = val4(vb, vs4, 4u, g, n);
+        let v5 = val4(vb, vs4, 5u, g, n);
+        let v6 = val4(vb, vs4, 6u, g, n);
+        let v7 = val4(vb, vs4, 7u, g, n);
+        let v8 = val4(vb, vs4, 8u, g, n);
+        let v9 = val4(vb, vs4, 9u, g, n);
+        let v10 = val4(vb, vs4, 10u, g, n);
+        let v11 = val4(vb, vs4, 11u, g, n);
+        let v12 = val4(vb, vs4, 12u, g, n);
+        let v13 = val4(vb, vs4, 13u, g, n);
+        let v14 = val4(vb, vs4, 14u, g, n);
+        let v15 = val4(vb, vs4, 15u, g, n);
         let qb = p.q_off + qi * p.q_stride + h * d;
         if (lid < 64u) {
             qs[lid] = q[qb + lid] * p.scale;
         }
         workgroupBarrier();
-        finish_split64(kv, qi, h, split, n_splits, sk, j_lo, j_hi, lid);
+        // partial of (key kk, quarter) at kpart[4 kk + quarter] = kpart[256 r + lid]
+        kpart[lid] = kdot(a0, b0, e0, f0, part);
+        kpart[256u + lid] = kdot(a1, b1, e1, f1, part);
+        kpart[512u + lid] = kdot(a2, b2, e2, f2, part);
+        kpart[768u + lid] = kdot(a3, b3, e3, f3, part);
+        workgroupBarrier();
+        var s64 = NEG;
+        if (valid) {
+            s64 = kpart[4u * lid] + kpart[4u * lid + 1u] + kpart[4u * lid + 2u] + kpart[4u * lid + 3u];
+        }
+        let sm = split_softmax(s64, lid);
+        // The same fmas in the same key order as `attend`'s rounds: the same bits.
+        var acc = 0.0;
+        acc = acc_pre(acc, v0, 0u, g, n);
+        acc = acc_pre(acc, v1, 1u, g, n);
+        acc = acc_pre(acc, v2, 2u, g, n);
+        acc = acc_pre(acc, v3, 3u, g, n);
+        acc = acc_pre(acc, v4, 4u, g, n);
+        acc = acc_pre(acc, v5, 5u, g, n);
+        acc = acc_pre(acc, v6, 6u, g, n);
+        acc = acc_pre(acc, v7, 7u, g, n);
+        acc = acc_pre(acc, v8, 8u, g, n);
+        acc = acc_pre(acc, v9, 9u, g, n);
+        acc = acc_pre(acc, v10, 10u, g, n);
+        acc = acc_pre(acc, v11, 11u, g, n);
+        acc = acc_pre(acc, v12, 12u, g, n);
+        acc = acc_pre(acc, v13, 13u, g, n);
+        acc = acc_pre(acc, v14, 14u, g, n);
+        acc = acc_pre(acc, v15, 15u, g, n);
+        split_write(acc, 0.0, sm.x, sm.y, qi, h, split, n_splits, lid);
         return;
     }
     let kb = select(0u, p.k_off + j * p.k_stride + h * d, valid);

@@ -10,10 +10,7 @@ struct Params {
     v_off: u32, v_stride: u32, o_off: u32, o_stride: u32,
     causal: u32, causal_offset: u32, scale: f32, split_keys: u32,
     // main_split only: 1 = a single split, write the normalised output to `o` (no merge).
-    direct: u32,
-    // main_split_q only: the LayerNorm's epsilon (q is LayerNorm(x) Wq + b, rows of x at
-    // q_off + i q_stride)
-    ln_eps: f32, _p1: u32, _p2: u32,
+    direct: u32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

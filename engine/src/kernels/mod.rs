@@ -106,9 +106,6 @@ pub const ATTENTION_TILED_MIN_QUERIES: u32 = 8;
 
 /// Keys per workgroup of the split (flash-decoding) attention for a few queries.
 pub const ATTENTION_SPLIT_KEYS: u32 = 256;
-/// Widest query projection `Kernels::cross_attention_q` computes itself (attention.wgsl
-/// QK_MAX: d_model of the largest Whisper).
-pub const ATTENTION_Q_MAX_K: u32 = 1280;
 /// Capacity of the split attention's partials; larger problems use the chunked kernel.
 const ATTENTION_PARTIALS_FLOATS: u64 = 1 << 20;
 
@@ -391,9 +388,7 @@ struct AttentionParams {
     split_keys: u32,
     /// main_split: a single split writes the normalised output itself (no merge).
     direct: u32,
-    /// main_split_q: the LayerNorm's epsilon.
-    ln_eps: f32,
-    _pad: [u32; 2],
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -500,8 +495,6 @@ pub struct Kernels {
     /// [`Kernels::reserve_blocked_attention`] (None: one split).
     blocked_partials: Option<Buffer>,
     attention_split: Arc<Kernel>,
-    /// The split attention computing its query projection itself (main_split_q).
-    attention_split_q: Arc<Kernel>,
     attention_merge: Arc<Kernel>,
     /// Partials of the split attention: [query][head][split][head_dim + 2].
     attention_partials: Buffer,
@@ -552,7 +545,6 @@ impl Kernels {
             force_tiled_attention: std::env::var("VERBATIM_ATTENTION_TILED").is_ok_and(|v| !v.is_empty() && v != "0"),
             blocked_partials: None,
             attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
-            attention_split_q: gpu.kernel_entry("attention_split_q", ATTENTION_SOURCE, "main_split_q", &[R, R, R, W, R, R, R])?,
             attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W])?,
@@ -915,43 +907,6 @@ impl Kernels {
         Ok(Some(n_splits))
     }
 
-    /// [`Kernels::attention_unmerged`] for a cross-attention (no causal mask, head_dim 64)
-    /// whose queries it projects itself: q[r] = LayerNorm(x[r]) · Wqᵀ + b for the `a.tq`
-    /// rows of `x`, with `qln` holding gamma | beta | b (3 K floats). One dispatch instead
-    /// of the query GEMV and the attention. `a.q` is not read. None: the shape is not one it
-    /// takes (the caller projects q and calls `attention_unmerged`).
-    pub fn cross_attention_q(&self, rec: &mut Recorder, x: Rows, wq: &F16Matrix, qln: &Buffer, eps: f32, a: &AttentionArgs) -> Result<Option<u32>> {
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        let kd = a.heads * a.head_dim;
-        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        let fits = a.head_dim == 64
-            && a.causal.is_none()
-            && a.tq >= 1
-            && a.tq <= ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS)
-            && n_splits > 1
-            && ATTENTION_SPLIT_KEYS <= 256
-            && wq.k == kd
-            && wq.n == kd
-            && kd.is_multiple_of(8)
-            && kd <= ATTENTION_Q_MAX_K
-            && x.stride >= kd
-            && partials <= ATTENTION_PARTIALS_FLOATS
-            && a.heads * n_splits <= GEMV_MERGE_MAX_PARTS
-            && kd <= GEMV_MERGE_MAX_K;
-        if !fits {
-            return Ok(None);
-        }
-        let (mut params, cost) = attention_params(&AttentionArgs { q: x, ..*a })?;
-        params.ln_eps = eps;
-        let split_cost = Cost {
-            bytes: cost.bytes + partials * 4 + a.tq as u64 * kd as u64 * 4 + wq.bytes() + 3 * kd as u64 * 4,
-            flops: cost.flops + 2 * a.tq as u64 * kd as u64 * kd as u64,
-        };
-        let bufs = [&self.zero, a.k.buf, a.v.buf, &self.attention_partials, x.buf, &wq.buf, qln];
-        rec.dispatch(&self.attention_split_q, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, n_splits], split_cost)?;
-        Ok(Some(n_splits))
-    }
-
     /// y[r] (=|+=) act(attn[r] · Wᵀ + b) for the `m` query rows whose attention
     /// [`Kernels::attention_unmerged`] left as `n_splits` partials of `heads` heads of
     /// `head_dim`: the M = 1 GEMV per row (bit-identical to a lone row), merging each row
@@ -1189,8 +1144,7 @@ fn attention_params(a: &AttentionArgs) -> Result<(AttentionParams, Cost)> {
         scale: 1.0 / (a.head_dim as f32).sqrt(),
         split_keys: ATTENTION_SPLIT_KEYS,
         direct: 0,
-        ln_eps: 0.0,
-        _pad: [0; 2],
+        _pad: [0; 3],
     };
     let hd = a.heads as u64 * a.head_dim as u64;
     let cost = Cost {

@@ -53,13 +53,6 @@ pub const MAX_DRAFT: usize = MAX_VERIFY;
 /// Most decode steps per readback (`greedy_steps`).
 pub const MAX_STEPS: usize = 16;
 
-/// Whether the cross-attention projects its own queries (`VERBATIM_CROSS_Q_GEMV=1`: the
-/// query GEMV and the attention as two dispatches, to compare).
-fn cross_q_fused() -> bool {
-    static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FUSED.get_or_init(|| std::env::var_os("VERBATIM_CROSS_Q_GEMV").is_none_or(|v| v.is_empty() || v == "0"))
-}
-
 /// The parts of a decode step as recorded (`Recorder::part`), in order; `verbatim bench
 /// --step-parts` leaves each out in turn (`Gpu::leave_out`).
 pub const DECODE_PARTS: [&str; 12] = [
@@ -192,7 +185,6 @@ struct LayerView<'a> {
     qkv: Lin<'a>,
     self_out: Lin<'a>,
     cross_norm: &'a Norm,
-    cross_qln: &'a Buffer,
     cross_q: Lin<'a>,
     cross_out: Lin<'a>,
     ffn_norm: &'a Norm,
@@ -216,9 +208,6 @@ struct DecoderLayer {
     qkv: DecLinear,
     self_out: DecLinear,
     cross_norm: Norm,
-    /// gamma | beta of `cross_norm` and the bias of `cross_q`, one buffer: the
-    /// cross-attention that projects its own queries reads them (`Kernels::cross_attention_q`).
-    cross_qln: Buffer,
     cross_q: DecLinear,
     cross_kv: Linear,
     cross_out: DecLinear,
@@ -239,7 +228,6 @@ impl DecoderLayer {
             qkv: self.qkv.view(),
             self_out: self.self_out.view(),
             cross_norm: &self.cross_norm,
-            cross_qln: &self.cross_qln,
             cross_q: self.cross_q.view(),
             cross_out: self.cross_out.view(),
             ffn_norm: &self.ffn_norm,
@@ -271,7 +259,6 @@ impl DraftLayer {
             qkv: lin(&self.qkv, &main.qkv),
             self_out: lin(&self.self_out, &main.self_out),
             cross_norm: &main.cross_norm,
-            cross_qln: &main.cross_qln,
             cross_q: lin(&self.cross_q, &main.cross_q),
             cross_out: lin(&self.cross_out, &main.cross_out),
             ffn_norm: &main.ffn_norm,
@@ -418,14 +405,6 @@ fn qmatrix(gpu: &Gpu, ck: &Checkpoint, name: &str, format: BlockFormat) -> Resul
     QMatrix::upload(gpu, &format!("{name} {}", format.name()), &q)
 }
 
-/// Decoder layer `p`'s cross-attention LayerNorm gamma | beta and query bias, concatenated.
-fn cross_q_norm_bias(gpu: &Gpu, ck: &Checkpoint, p: &str) -> Result<Buffer> {
-    let mut v = ck.f32(&format!("{p}/attention/layer_norm/gamma"))?;
-    v.extend(ck.f32(&format!("{p}/attention/layer_norm/beta"))?);
-    v.extend(ck.f32(&format!("{p}/attention/linear_0/bias"))?);
-    gpu.upload_f32(&format!("{p}/attention gamma|beta|q bias"), &v)
-}
-
 fn dec_linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str, quant: Option<BlockFormat>) -> Result<DecLinear> {
     let name = format!("{prefix}/weight");
     Ok(DecLinear {
@@ -494,7 +473,6 @@ impl GpuWhisper {
                 qkv: dec_linear(g, ck, &format!("{p}/self_attention/linear_0"), quant)?,
                 self_out: dec_linear(g, ck, &format!("{p}/self_attention/linear_1"), quant)?,
                 cross_norm: norm(g, ck, &format!("{p}/attention/layer_norm"))?,
-                cross_qln: cross_q_norm_bias(g, ck, &p)?,
                 cross_q: dec_linear(g, ck, &format!("{p}/attention/linear_0"), quant)?,
                 cross_kv: linear(g, ck, &format!("{p}/attention/linear_1"))?,
                 cross_out: dec_linear(g, ck, &format!("{p}/attention/linear_2"), quant)?,
@@ -998,6 +976,8 @@ impl GpuWhisper {
             rec.part("self_out");
             lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
             let q = Rows::new(b.dec_q, d);
+            rec.part("cross_q");
+            lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
             let cross = AttentionArgs {
                 q,
                 k: Rows::at(l.enc_kv, 0, 2 * d),
@@ -1011,28 +991,12 @@ impl GpuWhisper {
             };
             // f16 weights: the output projection merges the attention's key splits itself
             // (one dispatch less); quantized ones take the merged output.
-            // f16 weights: the attention projects its own queries (one dispatch less), where
-            // the shape allows; else the query GEMV first.
             rec.part("cross_attention");
-            let fused = match (l.cross_q.w, l.cross_out.w) {
-                (WRef::F16(wq), WRef::F16(_)) if cross_q_fused() => {
-                    k.cross_attention_q(rec, x, wq, l.cross_qln, LN_EPS, &cross)?
-                }
-                _ => None,
-            };
-            let merged = match (fused, l.cross_out.w) {
-                (Some(splits), _) => Some(splits),
-                (None, w) => {
-                    rec.part("cross_q");
-                    lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
-                    rec.part("cross_attention");
-                    match w {
-                        WRef::F16(_) => k.attention_unmerged(rec, &cross)?,
-                        _ => {
-                            k.attention(rec, &cross)?;
-                            None
-                        }
-                    }
+            let merged = match l.cross_out.w {
+                WRef::F16(_) => k.attention_unmerged(rec, &cross)?,
+                _ => {
+                    k.attention(rec, &cross)?;
+                    None
                 }
             };
             rec.part("cross_out");
