@@ -320,7 +320,7 @@ fn bench(args: &Args) -> Result<(), String> {
         let k = model.max_steps();
         let calls = (steps / k).max(1);
         for part in std::iter::once(None).chain(engine::models::whisper::gpu::DECODE_PARTS.iter().copied().map(Some)) {
-            gpu.leave_out(part);
+            model.leave_out = part;
             let mut v = Vec::new();
             let mut per_step = 0.0;
             for b in 0..=batches {
@@ -341,7 +341,7 @@ fn bench(args: &Args) -> Result<(), String> {
             }
             parts_ms.push((part.unwrap_or("nothing"), k, per_step, stat(&v)));
         }
-        gpu.leave_out(None);
+        model.leave_out = None;
     }
 
     // Verify passes of n positions (k = n - 1 drafts), rolled back after each. Guard: a

@@ -1084,3 +1084,41 @@ fn real_model_cropped_matches_reference() {
         t0.elapsed().as_secs_f64()
     );
 }
+
+/// `GpuWhisper::leave_out` (`verbatim bench --step-parts`): each named part of a decode step
+/// drops its own dispatches and only them (together the parts are the whole step), leaving a
+/// part out changes what the step computes, and `None` gives the full step back bit for bit.
+#[test]
+fn a_part_left_out_drops_its_dispatches_and_the_parts_make_the_step() {
+    let tag = "leave-out";
+    let s = seed(tag);
+    let mut rng = StdRng::seed_from_u64(s);
+    let geom = GEOM_A;
+    let mut p = pair(geom, s, tag);
+    let rules = rules_for(0, &geom, u32::MAX);
+    let mel = random_mel(&geom.dims, &mut rng);
+    let tokens = random_tokens(4, geom.dims.vocab, &mut rng);
+    // Dispatches of the last single step and its scores, with `part` left out.
+    let mut step = |part: Option<&'static str>| -> (u64, StepScores) {
+        p.gpu.leave_out = part;
+        p.gpu.begin_window(&mel).unwrap();
+        p.gpu.advance(&tokens[..3], &rules).unwrap();
+        let before = p.gpu.profile.total_dispatches();
+        let sc = p.gpu.advance(&tokens[3..], &rules).unwrap();
+        (p.gpu.profile.total_dispatches() - before, sc)
+    };
+    let (all, full) = step(None);
+    assert!(all > 10, "{all} dispatches a step");
+    let mut dropped = 0;
+    for part in engine::models::whisper::gpu::DECODE_PARTS {
+        let (n, sc) = step(Some(part));
+        assert!(n < all, "{part}: {n} of {all} dispatches left");
+        dropped += all - n;
+        if part == "logits" || part == "final_norm" {
+            assert_ne!(sc, full, "{part} left out, the same scores");
+        }
+    }
+    assert_eq!(dropped, all, "the parts together are the whole step");
+    let (again, back) = step(None);
+    assert_eq!((again, back), (all, full), "nothing left out: the full step again");
+}

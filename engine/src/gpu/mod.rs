@@ -89,9 +89,6 @@ pub struct Gpu {
     /// Timestamps off for a while on a profiling device (`verbatim bench` times the same
     /// work with and without them).
     profiling_paused: std::sync::atomic::AtomicBool,
-    /// A part of the model whose dispatches recorders drop (`verbatim bench`'s in-stream
-    /// cost of each part of a decode step; the results are then meaningless).
-    leave_out: Mutex<Option<&'static str>>,
 }
 
 fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
@@ -262,7 +259,6 @@ impl Gpu {
             kernels: Mutex::new(HashMap::new()),
             arena_pool: Mutex::new(Vec::new()),
             profiling_paused: std::sync::atomic::AtomicBool::new(false),
-            leave_out: Mutex::new(None),
         }
     }
 
@@ -270,17 +266,6 @@ impl Gpu {
     /// share passes again as without profiling, and only counts and bytes are recorded.
     pub fn pause_profiling(&self, paused: bool) {
         self.profiling_paused.store(paused, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Leave the dispatches of one named part (`Recorder::part`) out of every recording from
-    /// now on, or none. For measuring only: what the model computes is then wrong. A step
-    /// already encoded ahead keeps what it was recorded with.
-    pub fn leave_out(&self, part: Option<&'static str>) {
-        *self.leave_out.lock().unwrap_or_else(|p| p.into_inner()) = part;
-    }
-
-    pub(crate) fn left_out(&self) -> Option<&'static str> {
-        *self.leave_out.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether dispatches are timed now (profiling asked for, supported and not paused).

@@ -159,7 +159,7 @@ pub struct Recorder<'g> {
     early_at: Vec<usize>,
     /// Dispatches already submitted early, for the profile's counts.
     submitted: Vec<(&'static str, &'static str, Cost)>,
-    /// The part of the model being recorded (`part`) and the one left out (`Gpu::leave_out`).
+    /// The part of the model being recorded (`part`) and the one left out (`leave_out`).
     part: &'static str,
     leave_out: Option<&'static str>,
 }
@@ -204,7 +204,7 @@ impl<'g> Recorder<'g> {
             early_at: Vec::new(),
             submitted: Vec::new(),
             part: "",
-            leave_out: gpu.left_out(),
+            leave_out: None,
         }
     }
 
@@ -306,9 +306,15 @@ impl<'g> Recorder<'g> {
     }
 
     /// Name the part of the model the following dispatches compute (a decode step's
-    /// "cross_attention", "logits", ...), for `Gpu::leave_out`.
+    /// "cross_attention", "logits", ...), for `leave_out`.
     pub fn part(&mut self, part: &'static str) {
         self.part = part;
+    }
+
+    /// Drop the dispatches of the named part from this recording (for measuring only:
+    /// what the recording computes is then wrong).
+    pub fn leave_out(&mut self, part: Option<&'static str>) {
+        self.leave_out = part;
     }
 
     pub fn len(&self) -> usize {

@@ -54,7 +54,7 @@ pub const MAX_DRAFT: usize = MAX_VERIFY;
 pub const MAX_STEPS: usize = 16;
 
 /// The parts of a decode step as recorded (`Recorder::part`), in order; `verbatim bench
-/// --step-parts` leaves each out in turn (`Gpu::leave_out`).
+/// --step-parts` leaves each out in turn (`GpuWhisper::leave_out`).
 pub const DECODE_PARTS: [&str; 12] = [
     "embed",
     "self_qkv",
@@ -335,6 +335,11 @@ pub struct GpuWhisper {
     /// whole pass recorded before one submission. `VERBATIM_EARLY_SUBMIT=a,b,..` (or 0)
     /// sets it for a run (to compare); `verbatim bench` times it against one submission.
     pub early_submit: Vec<usize>,
+    /// A part of the decoder (one of [`DECODE_PARTS`]) left out of every decode step and
+    /// verify pass recorded from now on (`verbatim bench --step-parts`: what the part costs
+    /// in the stream). For measuring only: the results are then wrong. A step already
+    /// encoded ahead keeps what it was recorded with.
+    pub leave_out: Option<&'static str>,
     /// The next single-token step, encoded while the last one ran.
     pending: Option<PendingStep>,
     enc_cache: DispatchCache,
@@ -540,6 +545,7 @@ impl GpuWhisper {
                 .and_then(|v| v.split(',').map(|c| c.trim().parse().ok()).collect::<Option<Vec<usize>>>())
                 .map(|v| v.into_iter().filter(|&c| c > 0).collect())
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
+            leave_out: None,
             pending: None,
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
@@ -730,6 +736,7 @@ impl GpuWhisper {
             .collect();
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.ver_cache);
+        rec.leave_out(self.leave_out);
         rec.submit_early_at(&self.early_submit);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &sps, true)?;
         rec.submit(Some(&mut self.profile))?;
@@ -784,6 +791,7 @@ impl GpuWhisper {
         while i < k {
             let end = if i == 0 { 1 } else { (i + STEPS_PER_SUBMIT).min(k) };
             let mut rec = g.recorder_cached(&mut self.steps_cache);
+            rec.leave_out(self.leave_out);
             rec.stage("decode");
             for j in i..end {
                 Self::record_forward(&self.kern, &self.dims, &layers, logits_w, &bufs, &mut rec, 1, pos0 + j, j, false)?;
@@ -846,6 +854,7 @@ impl GpuWhisper {
         let g = self.gpu.clone();
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.dec_cache);
+        rec.leave_out(self.leave_out);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         let select_slots = rec.last_param_slots(2);
         Ok(PendingStep { pos0, enc: rec.encode()?, select_slots })
@@ -856,6 +865,7 @@ impl GpuWhisper {
         let g = self.gpu.clone();
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.dec_cache);
+        rec.leave_out(self.leave_out);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         rec.submit(Some(&mut self.profile))
     }
