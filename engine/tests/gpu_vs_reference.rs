@@ -183,6 +183,12 @@ struct Pair {
     _dir: TempDir,
 }
 
+/// The test's seed, an rng from it and a pair of models with weights from it.
+fn seeded_pair(geom: Geometry, tag: &str) -> (u64, StdRng, Pair) {
+    let s = seed(tag);
+    (s, StdRng::seed_from_u64(s), pair(geom, s, tag))
+}
+
 fn pair(geom: Geometry, weight_seed: u64, tag: &str) -> Pair {
     let dir = TempDir::new(tag);
     write_synthetic(&dir.0, &geom.dims, DType::F16, weight_seed)
@@ -836,12 +842,9 @@ fn quantized_decoder_verifies_exactly_and_drafts_its_own_greedy_tokens() {
 
 #[test]
 fn errors_are_values() {
-    let tag = "errors";
-    let s = seed(tag);
-    let mut rng = StdRng::seed_from_u64(s);
     let geom = GEOM_B;
     let (dims, ctx) = (geom.dims, geom.dims.text_ctx);
-    let mut p = pair(geom, s, tag);
+    let (s, mut rng, mut p) = seeded_pair(geom, "errors");
     let rules = rules_for(0, &geom, u32::MAX);
     let invalid = |r: Result<StepScores, Error>, what: &str| match r {
         Err(Error::Invalid(msg)) => eprintln!("  {what}: {msg}"),
@@ -1090,11 +1093,8 @@ fn real_model_cropped_matches_reference() {
 /// part out changes what the step computes, and `None` gives the full step back bit for bit.
 #[test]
 fn a_part_left_out_drops_its_dispatches_and_the_parts_make_the_step() {
-    let tag = "leave-out";
-    let s = seed(tag);
-    let mut rng = StdRng::seed_from_u64(s);
     let geom = GEOM_A;
-    let mut p = pair(geom, s, tag);
+    let (_, mut rng, mut p) = seeded_pair(geom, "leave-out");
     let rules = rules_for(0, &geom, u32::MAX);
     let mel = random_mel(&geom.dims, &mut rng);
     let tokens = random_tokens(4, geom.dims.vocab, &mut rng);
