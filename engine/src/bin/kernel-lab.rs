@@ -197,6 +197,13 @@ struct Lab<'g> {
     period_ns: f64,
 }
 
+/// A timed dispatch's grid: given, or read by the GPU from an indirect-arguments buffer.
+#[derive(Clone, Copy)]
+enum Grid<'a> {
+    Direct([u32; 2]),
+    Indirect(&'a wgpu::Buffer),
+}
+
 impl Lab<'_> {
     fn uniform(&self, words: &[u32]) -> wgpu::Buffer {
         self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -241,6 +248,12 @@ impl Lab<'_> {
         self.time_mixed(&[k], binds, grid, per_batch)
     }
 
+    /// `time_mixed` with every dispatch's grid read from `args` (x, y, z words at offset 0)
+    /// by an indirect dispatch.
+    fn time_indirect(&self, k: &Kernel, binds: &[wgpu::BindGroup], args: &wgpu::Buffer, per_batch: u32) -> LabResult<Timing> {
+        self.time_with(&[k], binds, Grid::Indirect(args), per_batch)
+    }
+
     /// `time` with dispatch i running `kernels[i % len]` with `binds[i % len]` (a chain
     /// that alternates pipelines).
     fn time_mixed(
@@ -250,6 +263,10 @@ impl Lab<'_> {
         grid: [u32; 2],
         per_batch: u32,
     ) -> LabResult<Timing> {
+        self.time_with(kernels, binds, Grid::Direct(grid), per_batch)
+    }
+
+    fn time_with(&self, kernels: &[&Kernel], binds: &[wgpu::BindGroup], grid: Grid, per_batch: u32) -> LabResult<Timing> {
         let k = kernels[0];
         let dev = &self.gpu.device;
         let total = self.batches + 1;
@@ -274,7 +291,10 @@ impl Lab<'_> {
                 for i in 0..per_batch as usize {
                     pass.set_pipeline(&kernels[i % kernels.len()].pipeline);
                     pass.set_bind_group(0, &binds[i % binds.len()], &[]);
-                    pass.dispatch_workgroups(grid[0], grid[1], 1);
+                    match grid {
+                        Grid::Direct(g) => pass.dispatch_workgroups(g[0], g[1], 1),
+                        Grid::Indirect(args) => pass.dispatch_workgroups_indirect(args, 0),
+                    }
                 }
             }
             let cmd = enc.finish(); // encoding stays outside the wall-clock window
@@ -808,6 +828,31 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
         rows.push(row);
     }
 
+    // Indirect dispatches (the grid read from a buffer by the GPU), as a decode batch would
+    // use to make the steps after a device-picked end-of-text empty: the chain with grids
+    // of 1 and of 256 workgroups read indirectly, and with an empty grid (what a step past
+    // the end-of-text would cost). wgpu validates indirect arguments with a dispatch of its
+    // own unless WGPU_VALIDATION_INDIRECT_CALL=0 (the lab runs under whatever the
+    // environment says; the row's change names it).
+    let validated = wgpu::InstanceFlags::from_env_or_default().contains(wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL);
+    let checked = if validated { "validated by wgpu" } else { "not validated" };
+    for (name, second, groups) in [
+        ("chain.indirect", &k, 1u32),
+        ("chain.indirect_grid256", &wide, 256),
+        ("chain.indirect_empty", &k, 0),
+    ] {
+        eprintln!("  {name}");
+        gpu.fill_u32(&y, 0);
+        let args = dev_indirect(lab, [groups, 1, 1]);
+        let b = lab.bind(second, &params, &[&y]);
+        let mut row = Row::new(Section::Probe, name, &format!("dependent, {groups} workgroups from an indirect buffer ({checked})"));
+        row.dep = Some(lab.time_indirect(second, &[b], &args, n)?);
+        let got = gpu.read_f32(&y, 0, 1)?[0];
+        let want = if groups == 0 { 0.0 } else { expect_runs * n as f32 };
+        row.check = if got == want { "ok".into() } else { format!("WRONG count {got}") };
+        rows.push(row);
+    }
+
     // What the engine's per-kernel profile pays: every dispatch in its own pass with a
     // timestamp at each end, against the same chain in one pass, both by the wall clock
     // around submit + wait (per dispatch). The difference is the profile's overstatement
@@ -857,6 +902,15 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// An indirect-arguments buffer holding one dispatch's grid.
+fn dev_indirect(lab: &Lab, grid: [u32; 3]) -> wgpu::Buffer {
+    lab.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("lab indirect grid"),
+        contents: bytemuck::cast_slice(&grid),
+        usage: wgpu::BufferUsages::INDIRECT,
+    })
 }
 
 /// Submit + wait round trips: one tiny dispatch, and an empty command buffer.
