@@ -25,10 +25,6 @@
 // not depend on the number of activation rows, so a verify pass over k positions reproduces
 // k single decode steps bit for bit.
 //
-// Flag 64 sweeps the table backwards: workgroup i takes the i-th block from the end. The
-// decoder alternates the direction from step to step so that each sweep starts on the rows
-// the last one read most recently (still in the L2); every output's sum is the same.
-//
 // Several activation rows: the workgroups of one block of outputs for rows 0..m are
 // neighbours in the grid (row = index % m), so they run side by side and the block's weights
 // come from memory once and from L2 for the other rows. With the row as grid layer z (each
@@ -90,12 +86,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let l = lid % 32u;
     let idx = wg.x + wg.y * 32768u;
     let row = idx % p.m;
-    var bi = idx / p.m; // the workgroup's block of outputs (past the last: the grid's spare)
-    let blocks = (p.n + GROUPS * RPG - 1u) / (GROUPS * RPG);
-    if ((p.flags & 64u) != 0u && bi < blocks) {
-        bi = blocks - 1u - bi; // backwards sweep
-    }
-    let block = bi * GROUPS * RPG; // first output of the workgroup
+    let block = (idx / p.m) * GROUPS * RPG; // first output of the workgroup
     let n0 = block + g * RPG;
     let kw = p.k / 2u;
     let xb = p.x_off + row * p.x_stride;

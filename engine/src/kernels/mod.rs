@@ -159,8 +159,6 @@ const GEMM_FLAG_CONV: u32 = 8;
 const GEMV_FLAG_LAYERNORM: u32 = 16;
 /// GEMV (main_m1) only: the input is the split attention's partials, merged on the way in.
 const GEMV_FLAG_MERGE: u32 = 32;
-/// gemv_rows.wgsl: the blocks of outputs in reverse order (the last rows of the table first).
-const GEMV_ROWS_FLAG_BACKWARDS: u32 = 64;
 /// Limits of that merge (gemv.wgsl's workgroup arrays): the row's width, heads x splits.
 const GEMV_MERGE_MAX_K: u32 = 1280;
 const GEMV_MERGE_MAX_PARTS: u32 = 128;
@@ -686,34 +684,10 @@ impl Kernels {
         y: Rows,
         ep: Epilogue,
     ) -> Result<()> {
-        self.linear_rows_swept(rec, x, m, norm, w, bias, y, ep, false)
-    }
-
-    /// [`Kernels::linear_rows`] reading the table from its last rows to its first
-    /// (`backwards`), with the same results bit for bit. The decoder alternates the sweep
-    /// from step to step: the rows a sweep read last are the most recent in the L2 when the
-    /// next step's sweep starts there, where two sweeps in one direction find the table's
-    /// 40 MB evicted by the layers' weights and cross K|V in between.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_rows_swept(
-        &self,
-        rec: &mut Recorder,
-        x: Rows,
-        m: u32,
-        norm: Option<NormArgs>,
-        w: &F16Rows,
-        bias: Option<&Buffer>,
-        y: Rows,
-        ep: Epilogue,
-        backwards: bool,
-    ) -> Result<()> {
         if m == 0 || m > 65535 {
             return Err(Error::Invalid(format!("linear_rows: {m} rows")));
         }
-        let mut params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
-        if backwards {
-            params.flags |= GEMV_ROWS_FLAG_BACKWARDS;
-        }
+        let params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };
         let b = bias.unwrap_or(&self.zero);

@@ -249,9 +249,7 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
     match (&fm, &qm, &rm) {
         (Some(f), _, _) => kern.linear_per_row(&mut rec, xm, m as u32, norm(), f, bo, ym, ep).unwrap(),
         (_, Some(q), _) => kern.linear_q(&mut rec, xm, m as u32, norm(), q, bo, ym, ep).unwrap(),
-        // The logits' table swept backwards (as every other decode step does) gives the
-        // same bits: the m-row call backwards where m is even, odd lone rows backwards.
-        (_, _, Some(rw)) => kern.linear_rows_swept(&mut rec, xm, m as u32, norm(), rw, bo, ym, ep, m % 2 == 0).unwrap(),
+        (_, _, Some(rw)) => kern.linear_rows(&mut rec, xm, m as u32, norm(), rw, bo, ym, ep).unwrap(),
         _ => unreachable!(),
     }
     for i in 0..m {
@@ -261,7 +259,7 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
             (Some(f), _, _, Some(nm)) => kern.linear_ln(&mut rec, x1, 1, nm, &scratch, f, bo, y1, ep).unwrap(),
             (Some(f), _, _, None) => kern.linear(&mut rec, x1, 1, f, bo, y1, ep).unwrap(),
             (_, Some(q), _, nm) => kern.linear_q(&mut rec, x1, 1, nm, q, bo, y1, ep).unwrap(),
-            (_, _, Some(rw), nm) => kern.linear_rows_swept(&mut rec, x1, 1, nm, rw, bo, y1, ep, i % 2 == 1).unwrap(),
+            (_, _, Some(rw), nm) => kern.linear_rows(&mut rec, x1, 1, nm, rw, bo, y1, ep).unwrap(),
             _ => unreachable!(),
         }
     }

@@ -360,13 +360,6 @@ fn read_mapped(buf: &Buffer, ranges: &[std::ops::Range<usize>]) -> Result<Vec<Ve
     Ok(words)
 }
 
-/// Whether the logits alternate their sweep of the table (`VERBATIM_LOGITS_SWEEP=forward`
-/// keeps it forward, to compare on a device).
-fn sweep_alternates() -> bool {
-    static ALTERNATE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALTERNATE.get_or_init(|| std::env::var("VERBATIM_LOGITS_SWEEP").map_or(true, |v| v != "forward"))
-}
-
 fn ln(n: &Norm) -> NormArgs<'_> {
     NormArgs { gamma: &n.gamma, beta: &n.beta, eps: LN_EPS }
 }
@@ -1034,14 +1027,11 @@ impl GpuWhisper {
         let logits = Rows::new(b.logits, dims.vocab);
         let (xl, ml) = if per_row { (x, m) } else { (Rows::at(b.dec_x, (n - 1) * d, d), 1) };
         match logits_w {
-            WRef::Rows(r) => {
+            WRef::Rows(_) => {
                 rec.part("final_norm");
                 k.layer_norm(rec, xl.buf, xl.off, ml, d as u32, &b.dec_norm.gamma, &b.dec_norm.beta, b.dec_xn, 0, LN_EPS)?;
                 rec.part("logits");
-                // Odd end positions sweep the table backwards, starting on the rows the
-                // last step read last (see Kernels::linear_rows_swept).
-                let backwards = (pos0 + n) % 2 == 1 && sweep_alternates();
-                k.linear_rows_swept(rec, Rows::new(b.dec_xn, d), ml, None, r, None, logits, plain, backwards)
+                lin_m(rec, Rows::new(b.dec_xn, d), ml, None, logits_w, None, logits, plain)
             }
             _ => {
                 rec.part("logits");
