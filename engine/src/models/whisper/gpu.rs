@@ -360,6 +360,19 @@ fn read_mapped(buf: &Buffer, ranges: &[std::ops::Range<usize>]) -> Result<Vec<Ve
     Ok(words)
 }
 
+/// The steps of a batch of device-picked steps per submission, in order, the last size
+/// repeating: 1, 2, 4, 8 (see `greedy_positions`; `VERBATIM_STEP_CHUNKS=1,4` for example
+/// sets another schedule, to compare them on a device).
+fn step_chunks() -> &'static [usize] {
+    static CHUNKS: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+    CHUNKS.get_or_init(|| {
+        let given: Option<Vec<usize>> = std::env::var("VERBATIM_STEP_CHUNKS")
+            .ok()
+            .and_then(|v| v.split(',').map(|c| c.trim().parse().ok().filter(|&n| n > 0)).collect());
+        given.filter(|v| !v.is_empty()).unwrap_or_else(|| vec![1, 2, 4, 8])
+    })
+}
+
 fn ln(n: &Norm) -> NormArgs<'_> {
     NormArgs { gamma: &n.gamma, beta: &n.beta, eps: LN_EPS }
 }
@@ -779,17 +792,22 @@ impl GpuWhisper {
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let bufs = dec_bufs!(self);
         // Step i embeds tokens[i] (the host's first, then the GPU's picks) at pos0 + i. The
-        // first step goes alone and the rest in submissions of up to STEPS_PER_SUBMIT, each
+        // steps go in submissions of 1, 2, 4, 8, 8, ... steps (`step_chunks`), each
         // submitted as soon as it is recorded, so the GPU runs one while the host records
-        // the next (recording costs ≈ 0.1 ms a step on the H200, running it ≈ 0.33; a
-        // submission per step cost the GPU ≈ 0.04 ms a step in gaps, and 4 or 16 steps
-        // recorded before one submission left all the recording unhidden). The parameter
-        // arenas are reused from submission to submission: queue writes are ordered with
-        // the submissions around them.
-        const STEPS_PER_SUBMIT: usize = 4;
+        // the next: recording costs 0.07-0.12 ms a step on the H200 and running it ~0.25,
+        // so each submission can be twice the last and the GPU still never waits. A
+        // submission per step cost the GPU ≈ 0.04 ms a step in gaps, 4 or 16 steps recorded
+        // before one submission left all the recording unhidden, and 1, 4, 4, 4 left the GPU
+        // idle while the host recorded the second submission (0.280-0.292 ms/token at 16
+        // steps per readback against 0.265-0.266 for 1, 2, 4, 8). The parameter arenas are
+        // reused from submission to submission: queue writes are ordered with the
+        // submissions around them.
+        let chunks = step_chunks();
         let mut i = 0;
+        let mut c = 0;
         while i < k {
-            let end = if i == 0 { 1 } else { (i + STEPS_PER_SUBMIT).min(k) };
+            let end = (i + chunks[c.min(chunks.len() - 1)]).min(k);
+            c += 1;
             let mut rec = g.recorder_cached(&mut self.steps_cache);
             rec.leave_out(self.leave_out);
             rec.stage("decode");
