@@ -229,7 +229,9 @@ fn bench(args: &Args) -> Result<(), String> {
         mask_non_timestamps: false,
         ts_lo: ts_begin,
         ts_hi: dims.vocab as u32,
-        extra_suppress: [u32::MAX; 2],
+        // End-of-text never picked: a batch of device-picked steps runs empty after one
+        // (the steps are gated off), which would time less than the steps asked for.
+        extra_suppress: [eot, u32::MAX],
         probe: no_speech,
     };
     let err = |e: engine::Error| e.to_string();
@@ -298,6 +300,9 @@ fn bench(args: &Args) -> Result<(), String> {
                 for _ in 0..calls {
                     let step = engine::decode::Step { rules, check_ts_over_text: false };
                     let out = model.greedy_steps(next, k, &step, None).map_err(err)?;
+                    if out.picks.contains(&eot) {
+                        return Err("a timed batch picked end-of-text (its later steps ran empty)".into());
+                    }
                     next = *out.picks.last().expect("k picks");
                 }
                 if b > 0 {
@@ -332,7 +337,10 @@ fn bench(args: &Args) -> Result<(), String> {
                     // The same first token every call: with a part left out the picks are
                     // meaningless, and the timing does not depend on them.
                     let step = engine::decode::Step { rules, check_ts_over_text: false };
-                    model.greedy_steps(text_token(4), k, &step, None).map_err(err)?;
+                    let out = model.greedy_steps(text_token(4), k, &step, None).map_err(err)?;
+                    if out.picks.contains(&eot) {
+                        return Err("a timed batch picked end-of-text (its later steps ran empty)".into());
+                    }
                 }
                 if b > 0 {
                     v.push(t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64);

@@ -45,6 +45,7 @@ pub fn wgpu_setup(adapter: Option<String>) -> eframe::egui_wgpu::WgpuSetup {
     let mut setup = eframe::egui_wgpu::WgpuSetupCreateNew::without_display_handle();
     setup.instance_descriptor.backends =
         eframe::wgpu::Backends::VULKAN | eframe::wgpu::Backends::METAL | eframe::wgpu::Backends::DX12;
+    setup.instance_descriptor.flags = engine::gpu::instance_flags(setup.instance_descriptor.flags);
     setup.native_adapter_selector = Some(Arc::new(move |adapters, _surface| {
         engine::gpu::choose_adapter(adapters.to_vec(), adapter.as_deref()).map_err(|e| e.to_string())
     }));

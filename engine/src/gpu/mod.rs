@@ -197,12 +197,23 @@ pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'sta
     }
 }
 
+/// The instance flags the engine wants: `flags` without wgpu's validation of indirect
+/// arguments (on in release builds too). It puts a dispatch of its own before every indirect
+/// dispatch, 10 us a dispatch in the kernel lab's chain on the H200 against 4.75 without;
+/// our only indirect grids are the decode batches' gated ones, written by the host (checked
+/// against the adapter's limits when recorded) or zeroed by our kernels. The environment
+/// (`WGPU_VALIDATION_INDIRECT_CALL=1`) can still turn it on.
+pub fn instance_flags(flags: wgpu::InstanceFlags) -> wgpu::InstanceFlags {
+    flags - wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL
+}
+
 impl Gpu {
     /// Open our own device: the best adapter (a real GPU before a software one), with the
     /// adapter's own limits and the optional features it has.
     pub fn new(opts: &GpuOptions) -> Result<Gpu> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+        desc.flags = instance_flags(desc.flags);
         let instance = wgpu::Instance::new(desc.with_env());
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let wanted = opts.adapter.clone().or_else(|| std::env::var("VERBATIM_ADAPTER").ok());
@@ -355,6 +366,16 @@ impl Gpu {
 
     /// A storage buffer of `size` bytes (at least 4), zero-initialised by wgpu.
     pub fn buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+        self.buffer_for(label, size, wgpu::BufferUsages::empty())
+    }
+
+    /// A storage buffer that indirect dispatches also read their grids from (the table of
+    /// `Recorder::gate`).
+    pub fn grid_table(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+        self.buffer_for(label, size, wgpu::BufferUsages::INDIRECT)
+    }
+
+    fn buffer_for(&self, label: &str, size: u64, extra: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
         let size = size.max(4).next_multiple_of(4);
         if size > self.device.limits().max_buffer_size {
             return Err(Error::Unsupported(format!(
@@ -366,7 +387,7 @@ impl Gpu {
         let b = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC | extra,
             mapped_at_creation: false,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {

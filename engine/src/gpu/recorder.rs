@@ -118,6 +118,9 @@ enum Cmd {
         kernel: Arc<Kernel>,
         bind: wgpu::BindGroup,
         groups: [u32; 3],
+        /// Gated (`Recorder::gate`): the grid is read by the GPU from this buffer at this
+        /// byte offset, where `groups` was written and a kernel may have zeroed it since.
+        indirect: Option<(wgpu::Buffer, u64)>,
         stage: &'static str,
         cost: Cost,
     },
@@ -162,6 +165,12 @@ pub struct Recorder<'g> {
     /// The part of the model being recorded (`part`) and the one left out (`leave_out`).
     part: &'static str,
     leave_out: Option<&'static str>,
+    /// Gating (`gate`): the grid table, the byte offset of the next gated dispatch's grid
+    /// and the end of the range this recording may use.
+    gate: Option<(wgpu::Buffer, u64, u64)>,
+    /// Grids of gated dispatches not uploaded yet: (table, byte offset, words), runs of
+    /// consecutive grids merged.
+    grid_writes: Vec<(wgpu::Buffer, u64, Vec<u32>)>,
 }
 
 /// A recording encoded into a command buffer, its parameters already written (queued
@@ -191,6 +200,14 @@ impl Encoded {
     }
 }
 
+/// One dispatch: its grid as recorded, or read from the gate's table (see `Recorder::gate`).
+fn dispatch(pass: &mut wgpu::ComputePass, groups: &[u32; 3], indirect: &Option<(wgpu::Buffer, u64)>) {
+    match indirect {
+        Some((table, off)) => pass.dispatch_workgroups_indirect(table, *off),
+        None => pass.dispatch_workgroups(groups[0], groups[1], groups[2]),
+    }
+}
+
 impl<'g> Recorder<'g> {
     pub(super) fn new(gpu: &'g Gpu, cache: Option<&'g mut DispatchCache>) -> Self {
         Recorder {
@@ -205,7 +222,20 @@ impl<'g> Recorder<'g> {
             submitted: Vec::new(),
             part: "",
             leave_out: None,
+            gate: None,
+            grid_writes: Vec::new(),
         }
+    }
+
+    /// Gate the dispatches recorded from now on (None: stop): each one's grid is written
+    /// into `table` (a buffer with INDIRECT usage) at the next 12 bytes from `from` (up to
+    /// `to`), uploaded with the parameters, and the dispatch reads it from there on the GPU
+    /// (an indirect dispatch). A kernel that runs before them may zero those grids, which
+    /// makes the gated dispatches empty: a decode batch's steps past a device-picked
+    /// end-of-text (see `Kernels::embed_gated`). The grid is uploaded before the submission
+    /// that carries the dispatch, so the zeroing must come later in the same submission.
+    pub fn gate(&mut self, table: Option<(&wgpu::Buffer, u64, u64)>) {
+        self.gate = table.map(|(b, from, to)| (b.clone(), from, to));
     }
 
     /// Submit what is recorded each time the count of dispatches reaches one of `counts`
@@ -225,6 +255,9 @@ impl<'g> Recorder<'g> {
     /// Upload the parameter bytes not uploaded yet (queued: applied before the next
     /// submission, which is ordered after the earlier ones reading the same arena).
     fn upload_params(&mut self) {
+        for (buf, off, words) in self.grid_writes.drain(..) {
+            self.gpu.queue.write_buffer(&buf, off, bytemuck::cast_slice(&words));
+        }
         self.written.resize(self.arenas.len(), 0);
         for ((buf, data, _), done) in self.arenas.iter().zip(self.written.iter_mut()) {
             if data.len() > *done {
@@ -247,10 +280,10 @@ impl<'g> Recorder<'g> {
                 Cmd::Dispatch { .. } => {
                     let mut pass =
                         enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("dispatches"), timestamp_writes: None });
-                    while let Some(Cmd::Dispatch { kernel, bind, groups, stage, cost }) = cmds.get(i) {
+                    while let Some(Cmd::Dispatch { kernel, bind, groups, indirect, stage, cost }) = cmds.get(i) {
                         pass.set_pipeline(&kernel.pipeline);
                         pass.set_bind_group(0, bind, &[]);
-                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        dispatch(&mut pass, groups, indirect);
                         untimed.push((kernel.name, *stage, *cost));
                         i += 1;
                     }
@@ -435,7 +468,22 @@ impl<'g> Recorder<'g> {
         // A part left out keeps its parameter slot and bind group (the cache and the slots
         // of later dispatches stay as they are) and records no command.
         if self.leave_out.is_none_or(|l| l != self.part) {
-            self.cmds.push(Cmd::Dispatch { kernel: kernel.clone(), bind, groups, stage: self.stage, cost });
+            let indirect = match &mut self.gate {
+                Some((table, next, end)) => {
+                    if *next + 12 > *end {
+                        return Err(Error::Invalid(format!("kernel {}: the gated grids' range is full", kernel.name)));
+                    }
+                    let at = *next;
+                    *next += 12;
+                    match self.grid_writes.last_mut() {
+                        Some((b, off, words)) if b == table && *off + 4 * words.len() as u64 == at => words.extend_from_slice(&groups),
+                        _ => self.grid_writes.push((table.clone(), at, groups.to_vec())),
+                    }
+                    Some((table.clone(), at))
+                }
+                None => None,
+            };
+            self.cmds.push(Cmd::Dispatch { kernel: kernel.clone(), bind, groups, indirect, stage: self.stage, cost });
         }
         if self.early_at.last().is_some_and(|&n| self.slots.len() >= n) {
             while self.early_at.last().is_some_and(|&n| self.slots.len() >= n) {
@@ -500,7 +548,7 @@ impl<'g> Recorder<'g> {
                         enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
                     }
                     Cmd::Dispatch { .. } if timing.len() >= MAX_TIMED => break,
-                    Cmd::Dispatch { kernel, bind, groups, stage, cost } => {
+                    Cmd::Dispatch { kernel, bind, groups, indirect, stage, cost } => {
                         let q = timing.len() as u32 * 2;
                         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                             label: Some(kernel.name),
@@ -512,7 +560,7 @@ impl<'g> Recorder<'g> {
                         });
                         pass.set_pipeline(&kernel.pipeline);
                         pass.set_bind_group(0, bind, &[]);
-                        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                        dispatch(&mut pass, groups, indirect);
                         timing.push((kernel.name, *stage, *cost));
                     }
                 }

@@ -4,10 +4,15 @@
 // as the checkpoint stores it ([vocab][d], pairs packed along d; gemv_rows.wgsl reads it
 // for the logits), so a token's row is contiguous. Positions are f32 [ctx][d]. One thread
 // per pair of channels.
+//
+// At the head of a gated decode step (grid_hi > grid_lo: Kernels::embed_gated), once an
+// earlier step of the batch picked end-of-text (select.wgsl's main_pick set
+// tokens[done_off]), it embeds nothing and zeroes grids[grid_lo..grid_hi): the grids the
+// step's other dispatches read (Recorder::gate), which then run empty.
 
 struct Params {
     n_tok: u32, d: u32, pos0: u32, vocab: u32,
-    tok_off: u32, _p0: u32, _p1: u32, _p2: u32,
+    tok_off: u32, done_off: u32, grid_lo: u32, grid_hi: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -15,9 +20,18 @@ struct Params {
 @group(0) @binding(2) var<storage, read> emb: array<u32>;
 @group(0) @binding(3) var<storage, read> pos: array<f32>;
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;
+@group(0) @binding(5) var<storage, read_write> grids: array<u32>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    if (p.grid_hi > p.grid_lo && tokens[p.done_off] != 0u) {
+        if (gid.y == 0u) {
+            for (var i = p.grid_lo + gid.x; i < p.grid_hi; i += 64u * nwg.x) {
+                grids[i] = 0u;
+            }
+        }
+        return;
+    }
     let half_d = p.d / 2u;
     let cw = gid.x;
     let i = gid.y;

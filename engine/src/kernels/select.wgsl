@@ -25,7 +25,8 @@
 // text" checked) for the host to compare with its own; with flag 16 main_pick pushes its
 // choice into the state (TsState::push). Flag 4: apply "timestamps beat text" (the
 // timestamps' log-sum-exp above the best text logit picks the best timestamp).
-// `out_off` places a row's 8 words in `out`. A verify pass selects all of its rows with one
+// Flag 32 (main_pick): picking eot sets ids[done_off], which gates off the later steps of
+// a batch (embed.wgsl zeroes their grids). `out_off` places a row's 8 words in `out`. A verify pass selects all of its rows with one
 // pair of dispatches (`main_partial_rows` on a grid of 64 x rows, `main_rows` on one
 // workgroup per row), each row under its own parameters: the uniform block is an array of
 // SELECT_ROWS parameter sets (the single-row entries read set 0), and each row's partials
@@ -36,7 +37,7 @@ struct Params {
     vocab: u32, ts_begin: u32, eot: u32, flags: u32,
     ts_lo: u32, ts_hi: u32, extra0: u32, extra1: u32,
     probe: u32, logit_off: u32, out_off: u32, tok_out: u32,
-    state_off: u32, rules_off: u32, _p0: u32, _p1: u32,
+    state_off: u32, rules_off: u32, done_off: u32, _p1: u32,
 }
 
 const SELECT_ROWS: u32 = 8u;
@@ -292,6 +293,9 @@ fn main_pick(@builtin(local_invocation_index) lid: u32) {
             }
         }
         ids[p.tok_out] = id;
+        if ((p.flags & 32u) != 0u && id == p.eot) {
+            ids[p.done_off] = 1u; // the later steps of a gated batch run empty (embed.wgsl)
+        }
         if ((p.flags & 8u) != 0u) {
             out[p.rules_off] = mk.ts_lo;
             out[p.rules_off + 1u] = u32(mk.text) | (u32(mk.check) << 1u);

@@ -935,6 +935,62 @@ fn select_pick_writes_scores_and_the_choice() {
     }
 }
 
+/// A gated decode step (`Kernels::embed_gated` + `Recorder::gate`): a pick of eot with
+/// flag 32 sets the done flag; the next step's embedding then zeroes its grids and its
+/// gated dispatches run empty (outputs left as they were, poisoned); a pick of anything
+/// else leaves the flag clear and the step computes: the embedding and a gated copy as
+/// without the gate. Twice over one table, as a decode batch reuses it: the second round's
+/// grids are written again before it runs.
+#[test]
+fn a_pick_of_eot_gates_off_the_next_step() {
+    let mut r = rng("gated_step");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
+    let (d, n_pos) = (70usize, 9usize);
+    let emb = f16_round(&rand_vec(&mut r, vocab as usize * d, 1.0));
+    let em = F16Rows::from_bits(g, "emb", &f16_bits(&emb), vocab as usize, d).unwrap();
+    let pos = rand_vec(&mut r, n_pos * d, 1.0);
+    let pb = g.upload_f32("pos", &pos).unwrap();
+    let table = g.grid_table("grids", 4 * 12).unwrap();
+    let rules = StepRules { mask_text: false, mask_non_timestamps: false, ts_lo: ts_begin, ts_hi: vocab, extra_suppress: [u32::MAX; 2], probe: 9 };
+    for (round, top) in [eot, 321, eot, 17].into_iter().enumerate() {
+        let mut logits = rand_vec(&mut r, vocab as usize, 4.0);
+        logits[top as usize] = 30.0;
+        let lb = g.upload_f32("logits", &logits).unwrap();
+        let sb = g.upload_u32("suppress", &suppress_bitmask(&[], vocab)).unwrap();
+        // ids: [fed token, the pick, -, done flag]
+        let ids = g.upload_u32("ids", &[5, NAN_BITS, NAN_BITS, 0]).unwrap();
+        let out = poisoned(8);
+        let (x, copied) = (poisoned(d), poisoned(d));
+        let src = g.upload_f32("src", &rand_vec(&mut r, d, 1.0)).unwrap();
+        let mut rec = g.recorder();
+        let sp = SelectParams { tok_out: 1, done_off: 3, flags: select_params(&rules, vocab, ts_begin, eot, 0).flags | SELECT_FLAG_MARK_DONE, ..select_params(&rules, vocab, ts_begin, eot, 0) };
+        kern.select_pick(&mut rec, &lb, &sb, &sp, &out, &ids).unwrap();
+        // The next step: its embedding (the pick, at position 4), then a gated copy.
+        kern.embed_gated(&mut rec, &ids, 1, 1, &em, &pb, 4, &x, Some((&table, 0..12, 3))).unwrap();
+        rec.gate(Some((&table, 0, 48)));
+        kern.copy_rows(&mut rec, Rows::new(&src, d), Rows::new(&copied, d), 1, d as u32).unwrap();
+        rec.gate(None);
+        rec.submit(None).unwrap();
+        let flag = g.read_u32(&ids, 0, 4).unwrap();
+        assert_eq!(flag[1], top, "round {round}: the pick");
+        let (xs, cs) = (g.read_f32(&x, 0, d).unwrap(), g.read_f32(&copied, 0, d).unwrap());
+        let grids = g.read_u32(&table, 0, 12).unwrap();
+        if top == eot {
+            assert_eq!(flag[3], 1, "round {round}: eot sets the done flag");
+            assert!(xs.iter().chain(&cs).all(|v| v.to_bits() == NAN_BITS), "round {round}: the gated step ran");
+            assert!(grids.iter().all(|&w| w == 0), "round {round}: grids {grids:?}");
+        } else {
+            assert_eq!(flag[3], 0, "round {round}: the flag set without eot");
+            let want_x: Vec<f32> = (0..d).map(|c| emb[top as usize * d + c] + pos[4 * d + c]).collect();
+            assert_eq!(xs, want_x, "round {round}: the embedding");
+            assert_eq!(cs, g.read_f32(&src, 0, d).unwrap(), "round {round}: the gated copy");
+            assert_eq!(&grids[..3], &[(d as u32).div_ceil(64), 1, 1], "round {round}: the copy's grid");
+        }
+    }
+}
+
 /// The selection with the timestamp state (flags 8 and 16): the masks come from the state
 /// in `ids` as decode::TsState::step derives them (scores against the CPU under those
 /// masks), the pick applies "timestamps beat text" where they say so, the masks used are

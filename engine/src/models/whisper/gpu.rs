@@ -36,7 +36,7 @@ use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsSta
 use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
-    Rows, SelectParams, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
+    Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
 };
 use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::{Error, Result};
@@ -348,6 +348,9 @@ pub struct GpuWhisper {
     ver_cache: DispatchCache,
     /// So do submissions of several steps.
     steps_cache: DispatchCache,
+    /// The grids of a batch's gated steps (`greedy_positions`): `gate_stride` dispatches'
+    /// worth per step, zeroed on the device for the steps after a picked end-of-text.
+    step_grids: Buffer,
 }
 
 /// The u32 words in each byte range of a mapped readback buffer, then unmapped.
@@ -371,6 +374,29 @@ fn step_chunks() -> &'static [usize] {
             .and_then(|v| v.split(',').map(|c| c.trim().parse().ok().filter(|&n| n > 0)).collect());
         given.filter(|v| !v.is_empty()).unwrap_or_else(|| vec![1, 2, 4, 8])
     })
+}
+
+/// A gated decode step (see `greedy_positions`): the grid table, the byte range of the
+/// step's grids in it, and the word in `tokens` of the batch's done flag.
+#[derive(Clone)]
+struct StepGate<'a> {
+    grids: &'a Buffer,
+    range: std::ops::Range<u64>,
+    done_off: u32,
+}
+
+/// Dispatches a decode step may have (its gated grids' stride in the table): per layer
+/// at most 8 plus the self-attention's merge past 256 keys, and the embedding, final norm,
+/// logits and selection.
+fn gate_stride(dims: &Dims) -> usize {
+    10 * dims.decoder_layers + 8
+}
+
+/// Whether the steps of a batch after a device-picked end-of-text are gated off (the
+/// default; `VERBATIM_GATED_STEPS=0` computes them, to compare on a device).
+fn steps_gated() -> bool {
+    static GATED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GATED.get_or_init(|| std::env::var("VERBATIM_GATED_STEPS").map_or(true, |v| v != "0"))
 }
 
 /// Whether a single position's logits fold the final LayerNorm in (the default;
@@ -543,8 +569,9 @@ impl GpuWhisper {
             dec_attn: g.buffer("decoder attention", f32s(t * d))?,
             dec_h: g.buffer("decoder hidden", f32s(t * f))?,
             // The fed tokens, then the timestamp state of batched steps (TS_STATE_WORDS at
-            // word t + 1, see `greedy_positions`).
-            tokens: g.buffer("tokens", ((t + 1 + TS_STATE_WORDS) * 4) as u64)?,
+            // word t + 1) and the batch's done flag (see `greedy_positions`).
+            tokens: g.buffer("tokens", ((t + 1 + TS_STATE_WORDS + 1) * 4) as u64)?,
+            step_grids: g.grid_table("gated step grids", (MAX_STEPS * gate_stride(&dims) * 12) as u64)?,
             // One row per verified position.
             logits: g.buffer("logits", f32s(dims.vocab * MAX_VERIFY))?,
             suppress: g.upload_u32("suppress", &suppress_bitmask(&[], dims.vocab as u32))?,
@@ -783,8 +810,17 @@ impl GpuWhisper {
         self.pending = None;
         let g = self.gpu.clone();
         g.write(&self.tokens, 0, bytemuck::cast_slice(&[first]));
-        // The timestamp state behind the tokens (select.wgsl reads and advances it).
+        // The timestamp state behind the tokens (select.wgsl reads and advances it), and
+        // the done flag behind it (set by the pick of end-of-text; gates the later steps).
         let state_off = (self.dims.text_ctx + 1) as u32;
+        let done_off = state_off + TS_STATE_WORDS as u32;
+        let gated = steps_gated();
+        let mark_done = if gated { SELECT_FLAG_MARK_DONE } else { 0 };
+        let stride = gate_stride(&self.dims);
+        if k > MAX_STEPS {
+            return Err(Error::Invalid(format!("{k} steps with one readback (at most {MAX_STEPS})")));
+        }
+        g.write(&self.tokens, 4 * done_off as u64, bytemuck::cast_slice(&[0u32]));
         if let Some(st) = ts {
             g.write(&self.tokens, 4 * state_off as u64, bytemuck::cast_slice(&[st.last, st.penultimate, st.ts_lo_after_text, 0]));
         }
@@ -819,15 +855,24 @@ impl GpuWhisper {
             rec.leave_out(self.leave_out);
             rec.stage("decode");
             for j in i..end {
-                Self::record_forward(&self.kern, &self.dims, &layers, logits_w, &bufs, &mut rec, 1, pos0 + j, j, false)?;
+                // Steps after the first are gated: once a step picks end-of-text, the
+                // later ones run empty (their grids zeroed by their embedding).
+                let gate = (gated && j > 0).then(|| StepGate {
+                    grids: &self.step_grids,
+                    range: (j * stride * 12) as u64..((j + 1) * stride * 12) as u64,
+                    done_off,
+                });
+                Self::record_forward(&self.kern, &self.dims, &layers, logits_w, &bufs, &mut rec, 1, pos0 + j, j, false, gate)?;
                 let sp = SelectParams {
                     out_off: 8 * j as u32,
                     tok_out: j as u32 + 1,
-                    flags: if j == 0 { first_flags } else { later_flags },
+                    flags: if j == 0 { first_flags } else { later_flags } | mark_done,
                     rules_off: rules_words + 2 * j as u32,
+                    done_off,
                     ..base
                 };
                 self.kern.select_pick(&mut rec, &self.logits, &self.suppress, &sp, &self.select_out, &self.tokens)?;
+                rec.gate(None);
             }
             if end == k {
                 rec.copy(&self.select_out, 0, &self.readback, 0, 32 * k as u64);
@@ -933,7 +978,7 @@ impl GpuWhisper {
         } else {
             "decode"
         });
-        Self::record_forward(k, dims, layers, logits_w, b, rec, n, pos0, 0, per_row)?;
+        Self::record_forward(k, dims, layers, logits_w, b, rec, n, pos0, 0, per_row, None)?;
         // A verify pass's rows in one pair of dispatches (one pair per row was ~14 dependent
         // dispatches more for 8 positions).
         rec.part("select");
@@ -960,6 +1005,7 @@ impl GpuWhisper {
         pos0: usize,
         tok_off: usize,
         per_row: bool,
+        gate: Option<StepGate>,
     ) -> Result<()> {
         let d = dims.d_model;
         let (m, p0) = (n as u32, pos0 as u32);
@@ -983,7 +1029,15 @@ impl GpuWhisper {
             lin_m(rec, x, m, norm, w.w, Some(w.b), y, ep)
         };
         rec.part("embed");
-        k.embed(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x)?;
+        match gate {
+            Some(g) => {
+                let words = (g.range.start / 4) as u32..(g.range.end / 4) as u32;
+                k.embed_gated(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x, Some((g.grids, words, g.done_off)))?;
+                // The rest of the step (the caller ends the gate after its selection).
+                rec.gate(Some((g.grids, g.range.start, g.range.end)));
+            }
+            None => k.embed(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x)?,
+        }
         let x = Rows::new(b.dec_x, d);
         let s3 = 3 * d;
         // Per layer: the LayerNorms are folded into the GEMVs that read them (for a few rows;
@@ -1164,7 +1218,7 @@ impl GpuWhisper {
         let mut pos = common;
         let mut n = end - common;
         for i in 0..k {
-            Self::record_forward(&self.kern, &dims, &layers, WRef::Q(&dr.logits_w), &bufs, &mut rec, n, pos, pos, false)?;
+            Self::record_forward(&self.kern, &dims, &layers, WRef::Q(&dr.logits_w), &bufs, &mut rec, n, pos, pos, false, None)?;
             // (The scores go to the main model's selection scratch, unread.)
             let sp = SelectParams { tok_out: (end + i) as u32, ..base };
             self.kern.select_pick(&mut rec, &dr.logits, &self.suppress, &sp, &self.select_out, &dr.tokens)?;
