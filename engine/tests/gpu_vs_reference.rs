@@ -1114,7 +1114,7 @@ fn a_part_left_out_drops_its_dispatches_and_the_parts_make_the_step() {
         let (n, sc) = step(Some(part));
         assert!(n < all, "{part}: {n} of {all} dispatches left");
         dropped += all - n;
-        if part == "logits" {
+        if part == "logits" || part == "final_norm" {
             assert_ne!(sc, full, "{part} left out, the same scores");
         }
     }

@@ -1685,8 +1685,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     drop(wbits);
     let zero = gpu.buffer("lab decode gemv zero", 16)?;
     let params = lab.uniform(&[1, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
-    // The last word: 1 / k (gemv_rows.wgsl's LayerNorm takes it from the host).
-    let params_ln = lab.uniform(&[1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, (1.0 / k as f32).to_bits()]);
+    let params_ln = lab.uniform(&[1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0]);
     let ys = (0..reps).map(|_| gpu.buffer("lab decode gemv y", n as u64 * 4)).collect::<Result<Vec<_>, _>>()?;
 
     // (name, change, source, entry, outputs per workgroup, layout, LayerNorm)
@@ -1703,11 +1702,6 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
             (".ln.late", true, "LayerNorm, x/gamma/beta of the first 8 words not loaded ahead"),
         ] {
             let name = format!("{family}{stats}");
-            // gemv_rows keeps layernorm.wgsl's statistics (ln_stats_as_layernorm), which
-            // the rewrites of gemv_common's ln_stats do not reach.
-            if family == "rows" && matches!(stats, ".lnc" | ".ln1") {
-                continue;
-            }
             let kind = match stats {
                 ".lnc" => "chan",
                 ".ln1" => "one_pass",
@@ -1734,9 +1728,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         variants.push(("stream.ln".into(), format!("{change}, LayerNorm folded in"), code, "main", 64, 0, true));
     }
     let groups_line = "const GROUPS: u32 = 8u;";
-    // Not 2 groups (64 threads): slower when measured (65.6 against 53 us on 128 MiB,
-    // 2026-12-01), and the kernel asserts the 128 threads its LayerNorm statistics take.
-    for groups in [4u32] {
+    for groups in [4u32, 2] {
         let to = format!("const GROUPS: u32 = {groups}u;");
         let name = format!("rows.g{groups}");
         let code = engine::kernels::rewrite_source(&name, engine::kernels::GEMV_ROWS_SOURCE, &[(groups_line, to.as_str())])?;

@@ -11,8 +11,7 @@ struct Params {
     eps: f32,
     // gemv.wgsl flag 32 only: X is the split attention's partials, `merge_splits` splits of
     // heads of `merge_hd` (see gemv.wgsl)
-    merge_splits: u32, merge_hd: u32,
-    inv_k: f32, // 1 / k (gemv_rows.wgsl's LayerNorm: layernorm.wgsl's arithmetic)
+    merge_splits: u32, merge_hd: u32, _p2: u32,
 }
 
 var<workgroup> rs: array<f32, WG>; // one per thread (wg_sum)

@@ -1,10 +1,11 @@
 // GEMV over a row-major matrix: Y[m][n] (=|+=) act(sum_k X'[m][k] * W[n][k] + b[n]), W kept
 // as the checkpoint stores it, [N][K] with f16 pairs packed along K (K even). The decoder's
 // logits over the tied embedding table (51864 x d), which the embedding lookup reads by
-// row too (embed.wgsl). X' is X or, with flag 16, LayerNorm(X) with layernorm.wgsl's
-// arithmetic exactly (`ln_stats_as_layernorm`): a decode step folds the final LayerNorm in
-// here, a verify pass (8 rows: folded, 162 us on the H200 against 93 + 8) runs
-// layernorm.wgsl first, and both give the same bits.
+// row too (embed.wgsl). X' is X or, with flag 16, LayerNorm(X) (gemv_common.wgsl). The
+// decoder no longer uses flag 16 here: each of the table's 1621 workgroups a row recomputed
+// the row's statistics (two barrier trees), and the final LayerNorm as a dispatch of its own
+// took a verify pass's 8 rows from 162 to 93 + 8 us on the H200 (a decode step's one row
+// from 31 to 24 + 8).
 //
 // Why not the k-major GEMV (gemv.wgsl): there a workgroup reads a strip of 64 columns,
 // 128-256 bytes from each of the K rows, 100 KB apart; with K = 384 the kernel lab's pure
@@ -40,75 +41,11 @@
 
 const GROUPS: u32 = 8u; // groups of 32 threads per workgroup (GEMV_ROWS_OUTPUTS = GROUPS x RPG)
 const WG: u32 = 32u * GROUPS;
-const_assert WG >= 128u; // the LayerNorm's statistics take 128 threads (ln_stats_as_layernorm)
 const MAXM: u32 = 8u;
 const RPG: u32 = 4u; // outputs per group of 32 threads
 const PS: u32 = 33u; // floats per output's 32 parts (+1: the summing threads hit distinct banks)
 
 var<workgroup> parts: array<f32, 1056>; // [GROUPS (<= 8) x RPG outputs][PS]
-
-// Sum of v over threads 0..127 (the others pass 0 and wait): layernorm.wgsl's reduce_sum
-// bit for bit. Its one-level tree two levels per barrier: (r[l] + r[l + 2s]) + (r[l + s] +
-// r[l + 3s]) is what levels 2s and s add.
-fn sum_as_layernorm(v: f32, lid: u32) -> f32 {
-    if (lid < 128u) {
-        rs[lid] = v;
-    }
-    workgroupBarrier();
-    var st = 64u;
-    for (; st >= 2u; st = st / 4u) {
-        let q = st / 2u;
-        if (lid < q) {
-            rs[lid] = (rs[lid] + rs[lid + st]) + (rs[lid + q] + rs[lid + st + q]);
-        }
-        workgroupBarrier();
-    }
-    if (st == 1u) {
-        if (lid == 0u) {
-            rs[0] += rs[1];
-        }
-        workgroupBarrier();
-    }
-    let t = rs[0];
-    workgroupBarrier();
-    return t;
-}
-
-// The row's LayerNorm statistics into stat slot 0 with layernorm.wgsl's arithmetic: 128
-// strided partial sums, its tree, the two-pass variance, its explicit fmas and 1 / K from
-// the host (`accum` applies them as layernorm.wgsl does, `norm_as_layernorm`). A decode step's logits with the
-// norm folded in (one dispatch less in a step) then equal bit for bit a verify pass's rows
-// normalised by layernorm.wgsl first (a dispatch of its own there: 8 rows folded cost 162
-// us against 93 + 8 on the H200), and the verify pass reproduces the single steps.
-fn ln_stats_as_layernorm(xb: u32, lid: u32) {
-    var s = 0.0;
-    if (lid < 128u) {
-        for (var c = lid; c < p.k; c += 128u) {
-            s += x[xb + c];
-        }
-    }
-    let mean = sum_as_layernorm(s, lid) * p.inv_k;
-    var q = 0.0;
-    if (lid < 128u) {
-        for (var c = lid; c < p.k; c += 128u) {
-            let d = x[xb + c] - mean;
-            q = fma(d, d, q);
-        }
-    }
-    let inv = inverseSqrt(fma(sum_as_layernorm(q, lid), p.inv_k, p.eps));
-    if (lid == 0u) {
-        stat[0] = mean;
-        stat[MAXM] = inv;
-    }
-}
-
-// x[k] normalised with slot 0's statistics when flag 16 is set, as layernorm.wgsl writes it.
-fn norm_as_layernorm(v: f32, k: u32) -> f32 {
-    if (ln_on()) {
-        return fma((v - stat[0]) * stat[MAXM], gamma[k], beta[k]);
-    }
-    return v;
-}
 
 // Word wi of the group's 4 rows (rows past N read row N - 1; words past K/2 read 0).
 fn fetch(n0: u32, wi: u32, kw: u32) -> vec4<u32> {
@@ -129,8 +66,8 @@ fn accum(acc: vec4<f32>, ws: vec4<u32>, wi: u32, kw: u32, xb: u32) -> vec4<f32> 
     if (wi >= kw) {
         return acc;
     }
-    let x0 = norm_as_layernorm(x[xb + 2u * wi], 2u * wi);
-    let x1 = norm_as_layernorm(x[xb + 2u * wi + 1u], 2u * wi + 1u);
+    let x0 = ln_apply(x[xb + 2u * wi], 0u, 2u * wi);
+    let x1 = ln_apply(x[xb + 2u * wi + 1u], 0u, 2u * wi + 1u);
     let a = unpack2x16float(ws.x);
     let b = unpack2x16float(ws.y);
     let c = unpack2x16float(ws.z);
@@ -163,7 +100,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let f6 = fetch(n0, l + 192u, kw);
     let f7 = fetch(n0, l + 224u, kw);
     if (ln_on()) {
-        ln_stats_as_layernorm(xb, lid);
+        ln_stats(xb, 0u, lid);
         workgroupBarrier();
     }
     var acc = vec4<f32>(0.0);

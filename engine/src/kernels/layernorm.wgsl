@@ -2,17 +2,10 @@
 // One workgroup of 128 threads per row; mean and variance by two tree reductions (the
 // two-pass form: subtracting the mean before squaring keeps f32 accurate for rows with a
 // large mean, which the residual stream of a transformer has).
-//
-// The arithmetic is spelled out so that the compiler has no choices: explicit fmas, and
-// 1 / cols from the host instead of a division. gemv_rows.wgsl folds the decoder's final
-// LayerNorm into the logits with this very arithmetic (`ln_stats_as_layernorm`), and the
-// two must agree bit for bit (a verify pass normalises here, a decode step there); NVIDIA's
-// compiler otherwise fuses a multiply into an add, or turns a division into a reciprocal
-// and a multiply, differently from one kernel to the other.
 
 struct Params {
     rows: u32, cols: u32, x_off: u32, y_off: u32,
-    eps: f32, inv_cols: f32, _p1: u32, _p2: u32,
+    eps: f32, _p0: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -49,15 +42,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var c = lid; c < p.cols; c += WG) {
         s += x[xb + c];
     }
-    let mean = reduce_sum(s, lid) * p.inv_cols;
+    let mean = reduce_sum(s, lid) / f32(p.cols);
     var q = 0.0;
     for (var c = lid; c < p.cols; c += WG) {
         let d = x[xb + c] - mean;
-        q = fma(d, d, q);
+        q += d * d;
     }
-    let inv = inverseSqrt(fma(reduce_sum(q, lid), p.inv_cols, p.eps));
+    let inv = inverseSqrt(reduce_sum(q, lid) / f32(p.cols) + p.eps);
     let yb = p.y_off + row * p.cols;
     for (var c = lid; c < p.cols; c += WG) {
-        y[yb + c] = fma((x[xb + c] - mean) * inv, gamma[c], beta[c]);
+        y[yb + c] = (x[xb + c] - mean) * inv * gamma[c] + beta[c];
     }
 }

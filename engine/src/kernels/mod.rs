@@ -320,8 +320,7 @@ struct GemvParams {
     eps: f32,
     merge_splits: u32,
     merge_hd: u32,
-    /// 1 / k, from the host (gemv_rows.wgsl's LayerNorm divides as layernorm.wgsl does).
-    inv_k: f32,
+    _pad: u32,
 }
 
 impl GemvParams {
@@ -344,7 +343,7 @@ impl GemvParams {
             eps: norm.map_or(0.0, |n| n.eps),
             merge_splits: 0,
             merge_hd: 0,
-            inv_k: 1.0 / k as f32,
+            _pad: 0,
         }
     }
 }
@@ -365,9 +364,7 @@ struct LayerNormParams {
     x_off: u32,
     y_off: u32,
     eps: f32,
-    /// 1 / cols, from the host (layernorm.wgsl).
-    inv_cols: f32,
-    _pad: [u32; 2],
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -853,7 +850,7 @@ impl Kernels {
         y_off: u32,
         eps: f32,
     ) -> Result<()> {
-        let params = LayerNormParams { rows, cols, x_off, y_off, eps, inv_cols: 1.0 / cols as f32, _pad: [0; 2] };
+        let params = LayerNormParams { rows, cols, x_off, y_off, eps, _pad: [0; 3] };
         let g = grid_1d(rows);
         let cost = Cost { bytes: rows as u64 * cols as u64 * 8 + cols as u64 * 8, flops: rows as u64 * cols as u64 * 8 };
         rec.dispatch(&self.layernorm, bytemuck::bytes_of(&params), &[x, gamma, beta, y], [g[0], g[1], 1], cost)

@@ -54,9 +54,8 @@ pub const MAX_DRAFT: usize = MAX_VERIFY;
 pub const MAX_STEPS: usize = 16;
 
 /// The parts of a decode step as recorded (`Recorder::part`), in order; `verbatim bench
-/// --step-parts` leaves each out in turn (`GpuWhisper::leave_out`). "logits" holds the
-/// final LayerNorm too (folded into the logits GEMV in a decode step).
-pub const DECODE_PARTS: [&str; 11] = [
+/// --step-parts` leaves each out in turn (`GpuWhisper::leave_out`).
+pub const DECODE_PARTS: [&str; 12] = [
     "embed",
     "self_qkv",
     "self_attention",
@@ -66,6 +65,7 @@ pub const DECODE_PARTS: [&str; 11] = [
     "cross_out",
     "fc1",
     "fc2",
+    "final_norm",
     "logits",
     "select",
 ];
@@ -397,13 +397,6 @@ fn gate_stride(dims: &Dims) -> usize {
 fn steps_gated() -> bool {
     static GATED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *GATED.get_or_init(|| std::env::var("VERBATIM_GATED_STEPS").map_or(true, |v| v != "0"))
-}
-
-/// Whether a single position's logits fold the final LayerNorm in (the default;
-/// `VERBATIM_FINAL_NORM_FOLDED=0` gives it its own dispatch, to compare on a device).
-fn final_norm_folded() -> bool {
-    static FOLDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FOLDED.get_or_init(|| std::env::var("VERBATIM_FINAL_NORM_FOLDED").map_or(true, |v| v != "0"))
 }
 
 fn ln(n: &Norm) -> NormArgs<'_> {
@@ -1101,15 +1094,15 @@ impl GpuWhisper {
         }
         // The final LayerNorm and the logits (tied embeddings): of the last position only, or
         // of every position in a verify pass (each row then selected with its own rules).
-        // Over the f16 table, a verify pass normalises its rows in a dispatch of its own
-        // (folded into gemv_rows, each of its 1621 workgroups a row would recompute the row's
-        // statistics); a single position folds it in, with the same bits (gemv_rows.wgsl).
+        // Over the f16 table the norm is a dispatch of its own: folded into gemv_rows, each
+        // of its 1621 workgroups a row recomputed the row's statistics (two barrier trees).
         let logits = Rows::new(b.logits, dims.vocab);
         let (xl, ml) = if per_row { (x, m) } else { (Rows::at(b.dec_x, (n - 1) * d, d), 1) };
         match logits_w {
-            WRef::Rows(_) if per_row || !final_norm_folded() => {
-                rec.part("logits");
+            WRef::Rows(_) => {
+                rec.part("final_norm");
                 k.layer_norm(rec, xl.buf, xl.off, ml, d as u32, &b.dec_norm.gamma, &b.dec_norm.beta, b.dec_xn, 0, LN_EPS)?;
+                rec.part("logits");
                 lin_m(rec, Rows::new(b.dec_xn, d), ml, None, logits_w, None, logits, plain)
             }
             _ => {
