@@ -835,7 +835,8 @@ impl GpuWhisper {
         // submission per step cost the GPU ≈ 0.04 ms a step in gaps, 4 or 16 steps recorded
         // before one submission left all the recording unhidden, and 1, 4, 4, 4 left the GPU
         // idle while the host recorded the second submission (0.280-0.292 ms/token at 16
-        // steps per readback against 0.265-0.266 for 1, 2, 4, 8). The parameter arenas are
+        // steps per readback against 0.265-0.266 for 1, 2, 4, 8 in one call; within the
+        // drift in later ones; the 20 samples' steps 285 -> 280 ms). The parameter arenas are
         // reused from submission to submission: queue writes are ordered with the
         // submissions around them.
         let chunks = step_chunks();
