@@ -232,7 +232,7 @@ impl<'g> Recorder<'g> {
     /// `to`), uploaded with the parameters, and the dispatch reads it from there on the GPU
     /// (an indirect dispatch). A kernel that runs before them may zero those grids, which
     /// makes the gated dispatches empty: a decode batch's steps past a device-picked
-    /// end-of-text (see `Kernels::embed_gated`). The grid is uploaded before the submission
+    /// end-of-text (see `Kernels::embed`). The grid is uploaded before the submission
     /// that carries the dispatch, so the zeroing must come later in the same submission.
     pub fn gate(&mut self, table: Option<(&wgpu::Buffer, u64, u64)>) {
         self.gate = table.map(|(b, from, to)| (b.clone(), from, to));

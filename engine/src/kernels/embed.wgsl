@@ -5,7 +5,7 @@
 // for the logits), so a token's row is contiguous. Positions are f32 [ctx][d]. One thread
 // per pair of channels.
 //
-// At the head of a gated decode step (grid_hi > grid_lo: Kernels::embed_gated), once an
+// At the head of a gated decode step (grid_hi > grid_lo: Kernels::embed), once an
 // earlier step of the batch picked end-of-text (select.wgsl's main_pick set
 // tokens[done_off]), it embeds nothing and zeroes grids[grid_lo..grid_hi): the grids the
 // step's other dispatches read (Recorder::gate), which then run empty.

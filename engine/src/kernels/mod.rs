@@ -450,7 +450,7 @@ pub(crate) const SELECT_FLAG_TS_OVER_TEXT: u32 = 4;
 pub(crate) const SELECT_FLAG_RULES_FROM_STATE: u32 = 8;
 pub(crate) const SELECT_FLAG_TRACK_STATE: u32 = 16;
 /// `main_pick` sets `ids[done_off]` when it picks eot (the steps after it are gated off:
-/// see `Kernels::embed_gated`).
+/// see `Kernels::embed`).
 pub(crate) const SELECT_FLAG_MARK_DONE: u32 = 32;
 
 /// Multi-head attention geometry and where Q, K, V and the output live.
@@ -1033,29 +1033,14 @@ impl Kernels {
     }
 
     /// x[i] = emb[tokens[tok_off + i]] + pos[pos0 + i] for i < n_tok (d channels).
+    ///
+    /// At the head of a gated decode step (`gate`: the step's grid table, the word range of
+    /// its other dispatches' grids, the word in `tokens` of the done flag): when an earlier
+    /// step's `select_pick` has set the flag (it picked eot), the embedding zeroes those
+    /// grids instead, so the rest of the step runs empty (`Recorder::gate`: ~1.9 us a
+    /// dependent empty dispatch on the H200 against ~4.5 for the smallest real one).
     #[allow(clippy::too_many_arguments)]
     pub fn embed(
-        &self,
-        rec: &mut Recorder,
-        tokens: &Buffer,
-        tok_off: u32,
-        n_tok: u32,
-        emb: &F16Rows,
-        pos: &Buffer,
-        pos0: u32,
-        x: &Buffer,
-    ) -> Result<()> {
-        self.embed_gated(rec, tokens, tok_off, n_tok, emb, pos, pos0, x, None)
-    }
-
-    /// [`Kernels::embed`] at the head of a gated decode step (`gate`: the step's grid
-    /// table, the word range of its other dispatches' grids, the word in `tokens` of the
-    /// done flag): when an earlier step's `select_pick` has set the flag (it picked eot),
-    /// the embedding zeroes those grids instead, so the rest of the step runs empty
-    /// (`Recorder::gate`: ~1.9 us a dependent empty dispatch on the H200 against ~4.5
-    /// for the smallest real one).
-    #[allow(clippy::too_many_arguments)]
-    pub fn embed_gated(
         &self,
         rec: &mut Recorder,
         tokens: &Buffer,

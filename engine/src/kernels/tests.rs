@@ -683,8 +683,8 @@ fn embed_matches_reference() {
     let tb = g.upload_u32("tok at 2", &stored).unwrap();
     let xb2 = poisoned(n_tok * d);
     let mut rec = g.recorder();
-    kern.embed(&mut rec, &tb, 0, n_tok as u32, &em, &pb, pos0 as u32, &xb).unwrap();
-    kern.embed(&mut rec, &tb, tok_off as u32, n_tok as u32, &em, &pb, pos0 as u32, &xb2).unwrap();
+    kern.embed(&mut rec, &tb, 0, n_tok as u32, &em, &pb, pos0 as u32, &xb, None).unwrap();
+    kern.embed(&mut rec, &tb, tok_off as u32, n_tok as u32, &em, &pb, pos0 as u32, &xb2, None).unwrap();
     rec.submit(None).unwrap();
     let got = g.read_f32(&xb2, 0, n_tok * d).unwrap();
     let want: Vec<f32> = (0..n_tok)
@@ -897,7 +897,7 @@ fn select_pick_writes_scores_and_the_choice() {
     }
 }
 
-/// A gated decode step (`Kernels::embed_gated` + `Recorder::gate`): a pick of eot with
+/// A gated decode step (`Kernels::embed` + `Recorder::gate`): a pick of eot with
 /// flag 32 sets the done flag; the next step's embedding then zeroes its grids and its
 /// gated dispatches run empty (outputs left as they were, poisoned); a pick of anything
 /// else leaves the flag clear and the step computes: the embedding and a gated copy as
@@ -930,7 +930,7 @@ fn a_pick_of_eot_gates_off_the_next_step() {
         let sp = SelectParams { tok_out: 1, done_off: 3, flags: select_params(&rules, vocab, ts_begin, eot, 0).flags | SELECT_FLAG_MARK_DONE, ..select_params(&rules, vocab, ts_begin, eot, 0) };
         kern.select_pick(&mut rec, &lb, &sb, &sp, &out, &ids).unwrap();
         // The next step: its embedding (the pick, at position 4), then a gated copy.
-        kern.embed_gated(&mut rec, &ids, 1, 1, &em, &pb, 4, &x, Some((&table, 0..12, 3))).unwrap();
+        kern.embed(&mut rec, &ids, 1, 1, &em, &pb, 4, &x, Some((&table, 0..12, 3))).unwrap();
         rec.gate(Some((&table, 0, 48)));
         kern.copy_rows(&mut rec, Rows::new(&src, d), Rows::new(&copied, d), 1, d as u32).unwrap();
         rec.gate(None);

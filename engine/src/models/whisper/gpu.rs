@@ -1023,14 +1023,11 @@ impl GpuWhisper {
             lin_m(rec, x, m, norm, w.w, Some(w.b), y, ep)
         };
         rec.part("embed");
-        match gate {
-            Some(g) => {
-                let words = (g.range.start / 4) as u32..(g.range.end / 4) as u32;
-                k.embed_gated(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x, Some((g.grids, words, g.done_off)))?;
-                // The rest of the step (the caller ends the gate after its selection).
-                rec.gate(Some((g.grids, g.range.start, g.range.end)));
-            }
-            None => k.embed(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x)?,
+        let words = gate.as_ref().map(|g| (g.grids, (g.range.start / 4) as u32..(g.range.end / 4) as u32, g.done_off));
+        k.embed(rec, b.tokens, tok_off as u32, m, b.emb, b.dec_pos, p0, b.dec_x, words)?;
+        if let Some(g) = gate {
+            // The rest of the step (the caller ends the gate after its selection).
+            rec.gate(Some((g.grids, g.range.start, g.range.end)));
         }
         let x = Rows::new(b.dec_x, d);
         let s3 = 3 * d;
