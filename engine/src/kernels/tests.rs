@@ -953,6 +953,21 @@ fn a_pick_of_eot_gates_off_the_next_step() {
     }
 }
 
+/// A gate's range holds as many grids as the caller made room for: one dispatch more is an
+/// error when recorded, not a grid written over the next step's.
+#[test]
+fn a_gate_too_small_for_its_dispatches_is_an_error() {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let table = g.grid_table("grids", 24).unwrap();
+    let (src, dst) = (g.upload_f32("src", &[1.0; 8]).unwrap(), poisoned(8));
+    let mut rec = g.recorder();
+    rec.gate(Some((&table, 0, 12)));
+    kern.copy_rows(&mut rec, Rows::new(&src, 8), Rows::new(&dst, 8), 1, 8).unwrap();
+    let e = kern.copy_rows(&mut rec, Rows::new(&src, 8), Rows::new(&dst, 8), 1, 8);
+    assert!(matches!(e, Err(crate::Error::Invalid(ref m)) if m.contains("range is full")), "{e:?}");
+}
+
 /// The selection with the timestamp state (flags 8 and 16): the masks come from the state
 /// in `ids` as decode::TsState::step derives them (scores against the CPU under those
 /// masks), the pick applies "timestamps beat text" where they say so, the masks used are

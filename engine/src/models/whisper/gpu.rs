@@ -378,7 +378,6 @@ fn step_chunks() -> &'static [usize] {
 
 /// A gated decode step (see `greedy_positions`): the grid table, the byte range of the
 /// step's grids in it, and the word in `tokens` of the batch's done flag.
-#[derive(Clone)]
 struct StepGate<'a> {
     grids: &'a Buffer,
     range: std::ops::Range<u64>,
@@ -801,6 +800,9 @@ impl GpuWhisper {
         let vocab = self.dims.vocab as u32;
         let t_record = std::time::Instant::now();
         self.pending = None;
+        if k > MAX_STEPS {
+            return Err(Error::Invalid(format!("{k} steps with one readback (at most {MAX_STEPS})")));
+        }
         let g = self.gpu.clone();
         g.write(&self.tokens, 0, bytemuck::cast_slice(&[first]));
         // The timestamp state behind the tokens (select.wgsl reads and advances it), and
@@ -810,9 +812,6 @@ impl GpuWhisper {
         let gated = steps_gated();
         let mark_done = if gated { SELECT_FLAG_MARK_DONE } else { 0 };
         let stride = gate_stride(&self.dims);
-        if k > MAX_STEPS {
-            return Err(Error::Invalid(format!("{k} steps with one readback (at most {MAX_STEPS})")));
-        }
         g.write(&self.tokens, 4 * done_off as u64, bytemuck::cast_slice(&[0u32]));
         if let Some(st) = ts {
             g.write(&self.tokens, 4 * state_off as u64, bytemuck::cast_slice(&[st.last, st.penultimate, st.ts_lo_after_text, 0]));
