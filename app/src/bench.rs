@@ -649,11 +649,12 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
                 "one position per pass".to_string()
             } else {
                 format!(
-                    "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft)",
+                    "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft), {} in batches",
                     sp.acceptance() * 100.0,
                     sp.tokens_per_pass(),
                     sp.passes,
-                    sp.alone
+                    sp.alone,
+                    sp.batched
                 )
             }
         ));
