@@ -154,12 +154,6 @@ impl Drafter {
         Some(moved)
     }
 
-    /// Whether the window has left the hint behind: no hint, past its end, or diverged
-    /// (other than by a moved time). Only n-gram lookups can draft from here on.
-    pub fn past_hint(&self, sampled: &[u32]) -> bool {
-        self.follows(sampled).is_none()
-    }
-
     /// How many tokens to draft now, at most `limit` (a draft model's request).
     pub fn length(&self, limit: usize) -> usize {
         self.len.min(limit)

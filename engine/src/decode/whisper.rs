@@ -155,9 +155,6 @@ pub struct SpecStats {
     pub accepted: usize,
     /// Positions decoded one at a time while drafting because no draft was proposed.
     pub alone: usize,
-    /// Positions decoded in batches of device-picked steps while drafting: no draft, the
-    /// hint (if any) behind, and the window's audio saying a few tokens are left.
-    pub batched: usize,
 }
 
 impl SpecStats {
@@ -166,7 +163,6 @@ impl SpecStats {
         self.drafted += o.drafted;
         self.accepted += o.accepted;
         self.alone += o.alone;
-        self.batched += o.batched;
     }
 
     /// Kept draft tokens per drafted one (0 without drafts).
@@ -378,15 +374,6 @@ pub fn decode_window(
     decode_window_of(src, prompt, sp, blank, opts, None)
 }
 
-/// Most steps in one batch while drafting (`SpecStats::batched`): only when the audio says
-/// fewer are left than this (near the window's end), so that drafts get their turn again.
-/// `VERBATIM_SPEC_BATCH=0` decodes those positions one round trip each (to compare on a
-/// device; another number sets the limit).
-fn spec_batch_max() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| std::env::var("VERBATIM_SPEC_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or(8))
-}
-
 /// The batch of device-picked steps to record next, given the window's `content` seconds
 /// of audio (not the zero padding): with timestamps, the last timestamp so far says how far
 /// into the audio the text is and the rate of tokens so far how many are likely left (the
@@ -526,8 +513,6 @@ pub fn decode_window_of(
                     if ahead.is_empty() {
                         drafter.record(pass_drafted, pass_accepted, max_verify.saturating_sub(1));
                     }
-                } else {
-                    spec.batched += usize::from(max_verify > 0);
                 }
                 step = st;
                 scores = s;
@@ -545,38 +530,8 @@ pub fn decode_window_of(
         }
         step = rules.step(&tokens);
         let sized = if timestamps { batch_for_content(batch, &tokens, sp.timestamp_begin, content) } else { batch };
-        let mut k = sized.min(max_len - tokens.len());
-        // Never more positions than plain decoding would use (the last fed position is
-        // the one before max_len), nor more than one pass takes.
-        let room = (max_verify.saturating_sub(1)).min(max_len - 1 - tokens.len());
-        let draft = if k > 1 || room == 0 {
-            Vec::new()
-        } else if opts.speculative.draft_format().is_some() {
-            // The draft model continues the window's tokens so far (the chosen token last).
-            let context: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
-            let mut d = src.draft(&context, drafter.length(room), timestamps)?;
-            if let Some(e) = d.iter().position(|&t| t == sp.eot) {
-                d.truncate(e); // nothing follows the end of text in a window
-            }
-            d.truncate(room);
-            d
-        } else {
-            drafter.propose(prompt, &tokens, room)
-        };
-        // Drafting, but nothing to draft and the hint behind (live mode: the new audio's
-        // words, which the previous hypothesis does not have): the few tokens the audio says
-        // are left in one batch of device-picked steps, one round trip instead of one each.
-        if draft.is_empty() && max_verify > 0 && timestamps && drafter.past_hint(&tokens) {
-            let limit = spec_batch_max();
-            let left = batch_for_content(src.max_steps().min(limit), &tokens, sp.timestamp_begin, content);
-            if left < limit {
-                k = left.min(max_len - tokens.len());
-            }
-        }
+        let k = sized.min(max_len - tokens.len());
         if k > 1 {
-            if max_verify > 0 {
-                spec.batched += 1;
-            }
             batch = (batch * 2).min(batch_steps);
             let ts = if timestamps { TsState::new(&tokens, sp.timestamp_begin) } else { None };
             let out = src.greedy_steps(token, k, &step, ts)?;
@@ -606,6 +561,23 @@ pub fn decode_window_of(
             }
             continue;
         }
+        // Never more positions than plain decoding would use (the last fed position is
+        // the one before max_len), nor more than one pass takes.
+        let room = (max_verify.saturating_sub(1)).min(max_len - 1 - tokens.len());
+        let draft = if room == 0 {
+            Vec::new()
+        } else if opts.speculative.draft_format().is_some() {
+            // The draft model continues the window's tokens so far (the chosen token last).
+            let context: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
+            let mut d = src.draft(&context, drafter.length(room), timestamps)?;
+            if let Some(e) = d.iter().position(|&t| t == sp.eot) {
+                d.truncate(e); // nothing follows the end of text in a window
+            }
+            d.truncate(room);
+            d
+        } else {
+            drafter.propose(prompt, &tokens, room)
+        };
         if draft.is_empty() {
             spec.alone += usize::from(max_verify > 0);
             scores = src.advance(&[token], &step.rules)?;
@@ -1175,7 +1147,7 @@ mod tests {
                     assert_eq!(src.verifies, r.spec.passes, "{what}");
                     // Each step's scores came from the prompt, a verify pass (its first
                     // position, or a kept draft) or a position decoded alone.
-                    assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone + r.spec.batched, "{what}: {:?}", r.spec);
+                    assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone, "{what}: {:?}", r.spec);
                     assert!(r.spec.accepted <= r.spec.drafted);
                     if name == "exact" {
                         // The whole window in a few passes, nothing rolled back (only a draft
@@ -1259,41 +1231,6 @@ mod tests {
         assert!(computed[1] + 6 <= computed[0], "positions computed (none, 6.2 s, 30 s, 0.5 s): {computed:?}");
         assert!(computed[1] <= 1 + plain.steps + 4, "{computed:?}");
         assert!(computed[2] <= computed[0] && computed[3] <= computed[0], "{computed:?}");
-    }
-
-    /// Drafting with a hint that covers the start of the window (live mode: the previous
-    /// hypothesis): past the hint, near the end of the audio, the last tokens come in one
-    /// batch of device-picked steps instead of one round trip each; the same output.
-    #[test]
-    fn drafting_past_the_hint_batches_the_last_tokens() {
-        // The new audio's words: tokens the hint and the text so far do not have (no n-gram
-        // draft either).
-        let mut script = vec![ts(0.0)];
-        script.extend((0..14).map(|i| W[i % 5]));
-        script.extend([ts(4.0), ts(4.0)]);
-        script.extend((0..6).map(|i| W[(i + 2) % 5]));
-        script.extend((0..3).map(|i| 500 + 7 * i));
-        script.push(ts(6.0));
-        let plain = decode_window(&mut mock_with_suppress(scripted(vec![script.clone()], 30.0)), &[SOT], &sp(), BLANK, &opts()).unwrap();
-        assert_eq!(plain.tokens, script);
-        let hint = script[..23].to_vec();
-        let mut trips = Vec::new();
-        for content in [None, Some(6.2)] {
-            let mut src = mock_with_suppress(scripted(vec![script.clone()], 30.0));
-            src.verify_max = 8;
-            src.steps_max = 16;
-            let o = DecodeOptions { speculative: Speculative::Ngram, draft_hint: hint.clone(), ..opts() };
-            let r = decode_window_of(&mut src, &[SOT], &sp(), BLANK, &o, content).unwrap();
-            let what = format!("content {content:?}: {:?}", r.spec);
-            assert_eq!(r.tokens, plain.tokens, "{what}");
-            assert_eq!(r.sum_logprob.to_bits(), plain.sum_logprob.to_bits(), "{what}");
-            assert_eq!(r.steps, plain.steps, "{what}");
-            assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone + r.spec.batched, "{what}");
-            assert_eq!(r.spec.batched > 0, content.is_some(), "{what}");
-            assert!(r.spec.accepted >= 12, "{what}: the hint was drafted");
-            trips.push(src.verifies + r.spec.alone + src.step_batches);
-        }
-        assert!(trips[1] + 3 <= trips[0], "round trips without / with the audio's length: {trips:?}");
     }
 
     /// The timestamp state the device keeps across batched steps derives the same masks as
