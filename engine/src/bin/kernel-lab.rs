@@ -62,8 +62,9 @@ const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
 const CHAIN_VARIANTS: &str = include_str!("kernel_lab/chain_variants.wgsl");
 const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
 const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/coop.wgsl"));
-const SPLIT_F16: &str = include_str!("kernel_lab/split_f16.wgsl");
+const SPLIT_F16: &str = engine::kernels::SPLIT_F16_SOURCE;
 const GEMM_DIRECT: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/gemm_direct.wgsl"));
+const GEMM_PLANES: &str = engine::kernels::GEMM_PLANES_SOURCE;
 const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
 
 // ---------------------------------------------------------------------------------------
@@ -79,6 +80,7 @@ struct Args {
     coop_only: bool,
     direct_only: bool,
     attention_only: bool,
+    gemm_only: bool,
     rows_only: bool,
     gemv_only: bool,
 }
@@ -94,6 +96,8 @@ const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps
   --direct-only  only the encoder's attention shapes (tiled, reshaped; cooperative-matrix) and the
                cooperative-matrix GEMM fed straight from memory, with rewrites that take parts away
   --attention-only  with --direct-only: the attention rows only
+  --gemm-only  with --direct-only: the GEMM rows only (and the shipped GEMM over grids of 1 to
+               2256 workgroups and K of 32 to 1536: latency or throughput)
   --rows-only  only the copy ceiling, the row-major GEMV (gemv_rows.wgsl) and the decode GEMVs
                with and without their folded LayerNorm, on --n x --k
   --gemv-only  everything but the cooperative-matrix sections (GEMVs, dispatch and submit costs)";
@@ -103,6 +107,7 @@ fn parse_args() -> Result<Args, String> {
     let mut coop_only = false;
     let mut direct_only = false;
     let mut attention_only = false;
+    let mut gemm_only = false;
     let mut rows_only = false;
     let mut gemv_only = false;
     let (mut mib, mut n, mut k) = (None, None, None);
@@ -118,6 +123,7 @@ fn parse_args() -> Result<Args, String> {
             "--coop-only" => coop_only = true,
             "--direct-only" => direct_only = true,
             "--attention-only" => attention_only = true,
+            "--gemm-only" => gemm_only = true,
             "--rows-only" => rows_only = true,
             "--gemv-only" => gemv_only = true,
             "--mib" => mib = Some(value::<u64>(&mut it, "--mib")?),
@@ -144,6 +150,7 @@ fn parse_args() -> Result<Args, String> {
         coop_only,
         direct_only,
         attention_only,
+        gemm_only,
         rows_only,
         gemv_only,
     };
@@ -1144,7 +1151,7 @@ fn rel_check(got: &[f32], want: &[f32]) -> String {
 /// loop (products only) or make the strides constants. What they found (H200): the GEMM
 /// is bound by loading operands into cooperative matrices, from memory or workgroup memory
 /// alike (102 us; products alone 14), and the attention by its softmax in between.
-fn coop_direct_rows(lab: &Lab, attention_only: bool) -> LabResult<Vec<Row>> {
+fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResult<Vec<Row>> {
     let gpu = lab.gpu;
     let mut rows = Vec::new();
     let mut seed = 0xd1ec7u64;
@@ -1161,143 +1168,145 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool) -> LabResult<Vec<Row>> {
     let split_heads = gpu.kernel_entry("lab split_f16 heads", SPLIT_F16, "main_heads", &[Access::Read, Access::ReadWrite])?;
     let (r, w) = (Access::Read, Access::ReadWrite);
 
-    // Attention: tiny.en's encoder self-attention, 1500 frames, 6 heads of 64.
-    let (t, heads) = (1500u32, 6u32);
-    let d = heads * 64;
-    let t_pad = t.div_ceil(64) * 64;
-    let scale = 0.125f32;
-    eprintln!("  coop attention {t} x {heads} heads");
-    let qkv: Vec<f32> = (0..t as usize * 3 * d as usize).map(|_| unit(&mut seed) * 4.0 - 2.0).collect();
-    let qkvb = gpu.upload_f32("lab qkv", &qkv)?;
-    let out = gpu.buffer("lab attn out", t as u64 * d as u64 * 4)?;
-    let att_tiled = gpu.kernel_entry("attention_tiled", engine::kernels::ATTENTION_SOURCE, "main_tiled", &[r, r, r, w])?;
-    let att_merge = gpu.kernel_entry("attention_merge", engine::kernels::ATTENTION_SOURCE, "main_merge", &[r, r, r, w])?;
-    let att_params = |split_keys: u32| {
-        lab.uniform(&[t, t, heads, 64, 0, 3 * d, d, 3 * d, 2 * d, 3 * d, 0, d, 0, 0, scale.to_bits(), split_keys, 0, 0, 0, 0])
-    };
-    let tp = att_params(0);
-    let tgrid = [t.div_ceil(32), heads];
-    let bind = lab.bind(&att_tiled, &tp, &[&qkvb, &qkvb, &qkvb, &out]);
-    gpu.fill_u32(&out, 0x7fc0_0000);
-    lab.run_once(&att_tiled, &bind, tgrid)?;
-    let want = gpu.read_f32(&out, 0, (t * d) as usize)?;
-    let attn_flops = 4.0 * t as f64 * t as f64 * d as f64;
-    let tt = timed(&mut rows, "attention_tiled 1500x6x64", "CUDA cores, a thread per query (VERBATIM_ATTENTION_TILED=1)", &att_tiled, bind, tgrid, "reference".into())?;
-    rows.last_mut().unwrap().check = format!("reference, {}", tflops(attn_flops, tt));
-    // Shipped for the encoder: register-blocked, 32 queries x 32-key blocks per workgroup,
-    // the keys in 1, 2, 4 (ATTENTION_BLOCKED_SPLITS) or 8 splits of whole blocks, each a
-    // workgroup writing its partial for attention.wgsl's merge (one split: the output).
-    let att_blocked = gpu.kernel_entry("attention_blocked", engine::kernels::ATTENTION_BLOCKED_SOURCE, "main_blocked", &[r, r, r, w])?;
-    let max_splits = 8u32;
-    let bpart = gpu.buffer("lab blocked partials", t as u64 * heads as u64 * max_splits as u64 * 66 * 4)?;
-    for asked in [1u32, 2, 4, max_splits] {
-        let split_keys = engine::kernels::attention_blocked_split_keys(t, asked);
-        let n_splits = t.div_ceil(split_keys);
-        let bp = att_params(split_keys);
-        let bgrid = [t.div_ceil(32), heads * n_splits];
-        let shipped = if asked == engine::kernels::ATTENTION_BLOCKED_SPLITS { "shipped: " } else { "" };
-        let plural = if n_splits == 1 { "" } else { "s" };
-        let change = format!("{shipped}CUDA cores, register-blocked, {n_splits} key split{plural} of {split_keys}");
-        let name = format!("attention_blocked/{n_splits} 1500x6x64");
-        if n_splits == 1 {
-            let bbind = lab.bind(&att_blocked, &bp, &[&qkvb, &qkvb, &qkvb, &out]);
+    if !gemm_only {
+        // Attention: tiny.en's encoder self-attention, 1500 frames, 6 heads of 64.
+        let (t, heads) = (1500u32, 6u32);
+        let d = heads * 64;
+        let t_pad = t.div_ceil(64) * 64;
+        let scale = 0.125f32;
+        eprintln!("  coop attention {t} x {heads} heads");
+        let qkv: Vec<f32> = (0..t as usize * 3 * d as usize).map(|_| unit(&mut seed) * 4.0 - 2.0).collect();
+        let qkvb = gpu.upload_f32("lab qkv", &qkv)?;
+        let out = gpu.buffer("lab attn out", t as u64 * d as u64 * 4)?;
+        let att_tiled = gpu.kernel_entry("attention_tiled", engine::kernels::ATTENTION_SOURCE, "main_tiled", &[r, r, r, w])?;
+        let att_merge = gpu.kernel_entry("attention_merge", engine::kernels::ATTENTION_SOURCE, "main_merge", &[r, r, r, w])?;
+        let att_params = |split_keys: u32| {
+            lab.uniform(&[t, t, heads, 64, 0, 3 * d, d, 3 * d, 2 * d, 3 * d, 0, d, 0, 0, scale.to_bits(), split_keys, 0, 0, 0, 0])
+        };
+        let tp = att_params(0);
+        let tgrid = [t.div_ceil(32), heads];
+        let bind = lab.bind(&att_tiled, &tp, &[&qkvb, &qkvb, &qkvb, &out]);
+        gpu.fill_u32(&out, 0x7fc0_0000);
+        lab.run_once(&att_tiled, &bind, tgrid)?;
+        let want = gpu.read_f32(&out, 0, (t * d) as usize)?;
+        let attn_flops = 4.0 * t as f64 * t as f64 * d as f64;
+        let tt = timed(&mut rows, "attention_tiled 1500x6x64", "CUDA cores, a thread per query (VERBATIM_ATTENTION_TILED=1)", &att_tiled, bind, tgrid, "reference".into())?;
+        rows.last_mut().unwrap().check = format!("reference, {}", tflops(attn_flops, tt));
+        // Shipped for the encoder: register-blocked, 32 queries x 32-key blocks per workgroup,
+        // the keys in 1, 2, 4 (ATTENTION_BLOCKED_SPLITS) or 8 splits of whole blocks, each a
+        // workgroup writing its partial for attention.wgsl's merge (one split: the output).
+        let att_blocked = gpu.kernel_entry("attention_blocked", engine::kernels::ATTENTION_BLOCKED_SOURCE, "main_blocked", &[r, r, r, w])?;
+        let max_splits = 8u32;
+        let bpart = gpu.buffer("lab blocked partials", t as u64 * heads as u64 * max_splits as u64 * 66 * 4)?;
+        for asked in [1u32, 2, 4, max_splits] {
+            let split_keys = engine::kernels::attention_blocked_split_keys(t, asked);
+            let n_splits = t.div_ceil(split_keys);
+            let bp = att_params(split_keys);
+            let bgrid = [t.div_ceil(32), heads * n_splits];
+            let shipped = if asked == engine::kernels::ATTENTION_BLOCKED_SPLITS { "shipped: " } else { "" };
+            let plural = if n_splits == 1 { "" } else { "s" };
+            let change = format!("{shipped}CUDA cores, register-blocked, {n_splits} key split{plural} of {split_keys}");
+            let name = format!("attention_blocked/{n_splits} 1500x6x64");
+            if n_splits == 1 {
+                let bbind = lab.bind(&att_blocked, &bp, &[&qkvb, &qkvb, &qkvb, &out]);
+                gpu.fill_u32(&out, 0x7fc0_0000);
+                lab.run_once(&att_blocked, &bbind, bgrid)?;
+                let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
+                let tb = timed(&mut rows, &name, &change, &att_blocked, bbind, bgrid, String::new())?;
+                rows.last_mut().unwrap().check = format!("{c}, {}", tflops(attn_flops, tb));
+                continue;
+            }
+            let bbind = lab.bind(&att_blocked, &bp, &[&qkvb, &qkvb, &qkvb, &bpart]);
+            let mgrid = [t, heads];
+            let mbind = lab.bind(&att_merge, &bp, &[&bpart, &qkvb, &qkvb, &out]);
+            gpu.fill_u32(&bpart, 0x7fc0_0000);
             gpu.fill_u32(&out, 0x7fc0_0000);
             lab.run_once(&att_blocked, &bbind, bgrid)?;
+            lab.run_once(&att_merge, &mbind, mgrid)?;
             let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
             let tb = timed(&mut rows, &name, &change, &att_blocked, bbind, bgrid, String::new())?;
-            rows.last_mut().unwrap().check = format!("{c}, {}", tflops(attn_flops, tb));
-            continue;
+            let tm = timed(&mut rows, &format!("attention_merge /{n_splits}"), "the blocked splits' partials merged", &att_merge, mbind, mgrid, "timing only".into())?;
+            let total = tb.best + tm.best;
+            let at = rows.len() - 2;
+            let tot = format!("{:.1} TFLOP/s", attn_flops / total / 1e12);
+            rows[at].check = format!("{c}, {} alone; blocked+merge {:.1} µs, {tot}", tflops(attn_flops, tb), total * 1e6);
         }
-        let bbind = lab.bind(&att_blocked, &bp, &[&qkvb, &qkvb, &qkvb, &bpart]);
-        let mgrid = [t, heads];
-        let mbind = lab.bind(&att_merge, &bp, &[&bpart, &qkvb, &qkvb, &out]);
-        gpu.fill_u32(&bpart, 0x7fc0_0000);
-        gpu.fill_u32(&out, 0x7fc0_0000);
-        lab.run_once(&att_blocked, &bbind, bgrid)?;
-        lab.run_once(&att_merge, &mbind, mgrid)?;
-        let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
-        let tb = timed(&mut rows, &name, &change, &att_blocked, bbind, bgrid, String::new())?;
-        let tm = timed(&mut rows, &format!("attention_merge /{n_splits}"), "the blocked splits' partials merged", &att_merge, mbind, mgrid, "timing only".into())?;
-        let total = tb.best + tm.best;
-        let at = rows.len() - 2;
-        let tot = format!("{:.1} TFLOP/s", attn_flops / total / 1e12);
-        rows[at].check = format!("{c}, {} alone; blocked+merge {:.1} µs, {tot}", tflops(attn_flops, tb), total * 1e6);
-    }
-    // The tiled kernel reshaped: (queries, key splits, chunk) per workgroup.
-    for (tq, splits, ch) in [(32u32, 4u32, 16u32), (32, 8, 32), (16, 8, 32), (16, 16, 64), (64, 4, 16)] {
-        let name = format!("attention_tiled.{tq}x{splits}x{ch}");
-        let k = gpu.kernel_entry(static_name(&name), &tiled_attention_variant(tq, splits, ch)?, "main_tiled", &[r, r, r, w])?;
-        let g = [t.div_ceil(tq), heads];
-        let bind = lab.bind(&k, &tp, &[&qkvb, &qkvb, &qkvb, &out]);
-        gpu.fill_u32(&out, 0x7fc0_0000);
-        lab.run_once(&k, &bind, g)?;
-        let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
-        let change = format!("{tq} queries x {splits} key splits, chunks of {ch} keys");
-        let tv = timed(&mut rows, &format!("{name} 1500x6x64"), &change, &k, bind, g, String::new())?;
-        rows.last_mut().unwrap().check = format!("{c}, {}", tflops(attn_flops, tv));
-    }
-    if !gpu.info.coop_matrix {
-        return Ok(rows);
-    }
-    let planes = gpu.buffer("lab head planes", 6 * heads as u64 * t_pad as u64 * 64 * 2)?;
-    let sp = lab.uniform(&[t, 0, t_pad, heads, 0, 3 * d, scale.to_bits(), 0]);
-    let sgrid = grid((3 * heads as u64 * t_pad as u64 * 32).div_ceil(256));
-    let sbind = lab.bind(&split_heads, &sp, &[&qkvb, &planes]);
-    gpu.fill_u32(&planes, 0x7e00_7e00);
-    lab.run_once(&split_heads, &sbind, sgrid)?;
-    let ts = timed(&mut rows, "split_f16 heads 1500x6", "Q, K, V into f16 hi/lo head planes", &split_heads, sbind, sgrid, "timing only".into())?;
-    let no_pv: Vec<(&str, &str)> = (0..4)
-        .map(|i| [
-            "            pv(&oh0, &ol0, ah, al, vt, plane);\n",
-            "            pv(&oh1, &ol1, ah, al, vt + 16u, plane);\n",
-            "            pv(&oh2, &ol2, ah, al, vt + 32u, plane);\n",
-            "            pv(&oh3, &ol3, ah, al, vt + 48u, plane);\n",
-        ][i])
-        .map(|l| (l, ""))
+        // The tiled kernel reshaped: (queries, key splits, chunk) per workgroup.
+        for (tq, splits, ch) in [(32u32, 4u32, 16u32), (32, 8, 32), (16, 8, 32), (16, 16, 64), (64, 4, 16)] {
+            let name = format!("attention_tiled.{tq}x{splits}x{ch}");
+            let k = gpu.kernel_entry(static_name(&name), &tiled_attention_variant(tq, splits, ch)?, "main_tiled", &[r, r, r, w])?;
+            let g = [t.div_ceil(tq), heads];
+            let bind = lab.bind(&k, &tp, &[&qkvb, &qkvb, &qkvb, &out]);
+            gpu.fill_u32(&out, 0x7fc0_0000);
+            lab.run_once(&k, &bind, g)?;
+            let c = rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want);
+            let change = format!("{tq} queries x {splits} key splits, chunks of {ch} keys");
+            let tv = timed(&mut rows, &format!("{name} 1500x6x64"), &change, &k, bind, g, String::new())?;
+            rows.last_mut().unwrap().check = format!("{c}, {}", tflops(attn_flops, tv));
+        }
+        if !gpu.info.coop_matrix {
+            return Ok(rows);
+        }
+        let planes = gpu.buffer("lab head planes", 6 * heads as u64 * t_pad as u64 * 64 * 2)?;
+        let sp = lab.uniform(&[t, 0, t_pad, heads, 0, 3 * d, scale.to_bits(), 0]);
+        let sgrid = grid((3 * heads as u64 * t_pad as u64 * 32).div_ceil(256));
+        let sbind = lab.bind(&split_heads, &sp, &[&qkvb, &planes]);
+        gpu.fill_u32(&planes, 0x7e00_7e00);
+        lab.run_once(&split_heads, &sbind, sgrid)?;
+        let ts = timed(&mut rows, "split_f16 heads 1500x6", "Q, K, V into f16 hi/lo head planes", &split_heads, sbind, sgrid, "timing only".into())?;
+        let no_pv: Vec<(&str, &str)> = (0..4)
+            .map(|i| [
+                "            pv(&oh0, &ol0, ah, al, vt, plane);\n",
+                "            pv(&oh1, &ol1, ah, al, vt + 16u, plane);\n",
+                "            pv(&oh2, &ol2, ah, al, vt + 32u, plane);\n",
+                "            pv(&oh3, &ol3, ah, al, vt + 48u, plane);\n",
+            ][i])
+            .map(|l| (l, ""))
+            .collect();
+        let no_qk: Vec<(&str, &str)> = [
+            "            qk(&sh, &sl, qh0, ql0, kt, plane);\n",
+            "            qk(&sh, &sl, qh1, ql1, kt + 16u, plane);\n",
+            "            qk(&sh, &sl, qh2, ql2, kt + 32u, plane);\n",
+            "            qk(&sh, &sl, qh3, ql3, kt + 48u, plane);\n",
+        ]
+        .iter()
+        .map(|l| (*l, ""))
         .collect();
-    let no_qk: Vec<(&str, &str)> = [
-        "            qk(&sh, &sl, qh0, ql0, kt, plane);\n",
-        "            qk(&sh, &sl, qh1, ql1, kt + 16u, plane);\n",
-        "            qk(&sh, &sl, qh2, ql2, kt + 32u, plane);\n",
-        "            qk(&sh, &sl, qh3, ql3, kt + 48u, plane);\n",
-    ]
-    .iter()
-    .map(|l| (*l, ""))
-    .collect();
-    let att_variants = [
-        ("", "".to_string(), ATTN_COOP.to_string()),
-        (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_COOP, &no_pv)?),
-        (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_COOP, &no_qk)?),
-    ];
-    for (split_keys, vi) in [(384u32, 0usize), (384, 1), (384, 2)] {
-        let (suffix, what, vsrc) = &att_variants[vi];
-        let att_coop = gpu.kernel(static_name(&format!("lab attn_coop{suffix}")), vsrc, &[r, w])?;
-        let n_splits = t.div_ceil(split_keys);
-        let part = gpu.buffer("lab attn partials", t as u64 * heads as u64 * n_splits as u64 * 66 * 4)?;
-        let cp = lab.uniform(&[t, t, heads, t_pad, split_keys, n_splits, 0, 0]);
-        let cgrid = [t_pad / 32, heads * n_splits];
-        let cbind = lab.bind(&att_coop, &cp, &[&planes, &part]);
-        let mp = att_params(split_keys);
-        let mgrid = [t, heads];
-        let mbind = lab.bind(&att_merge, &mp, &[&part, &qkvb, &qkvb, &out]);
-        gpu.fill_u32(&part, 0x7fc0_0000);
-        gpu.fill_u32(&out, 0x7fc0_0000);
-        lab.run_once(&att_coop, &cbind, cgrid)?;
-        lab.run_once(&att_merge, &mbind, mgrid)?;
-        let c = if vi == 0 { rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want) } else { "timing only".into() };
-        let tc = timed(
-            &mut rows,
-            &format!("attn_coop{suffix} 1500x6x64 /{n_splits}"),
-            &format!("tensor cores, operands from memory, {n_splits} key splits{what}"),
-            &att_coop,
-            cbind,
-            cgrid,
-            String::new(),
-        )?;
-        let tm = timed(&mut rows, &format!("attention_merge /{n_splits}"), "the splits' partials merged", &att_merge, mbind, mgrid, "timing only".into())?;
-        let total = ts.best + tc.best + tm.best;
-        let at = rows.len() - 2;
-        rows[at].check = format!("{c}, {}; split+attn+merge {:.1} µs", tflops(attn_flops, tc), total * 1e6);
+        let att_variants = [
+            ("", "".to_string(), ATTN_COOP.to_string()),
+            (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_COOP, &no_pv)?),
+            (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_COOP, &no_qk)?),
+        ];
+        for (split_keys, vi) in [(384u32, 0usize), (384, 1), (384, 2)] {
+            let (suffix, what, vsrc) = &att_variants[vi];
+            let att_coop = gpu.kernel(static_name(&format!("lab attn_coop{suffix}")), vsrc, &[r, w])?;
+            let n_splits = t.div_ceil(split_keys);
+            let part = gpu.buffer("lab attn partials", t as u64 * heads as u64 * n_splits as u64 * 66 * 4)?;
+            let cp = lab.uniform(&[t, t, heads, t_pad, split_keys, n_splits, 0, 0]);
+            let cgrid = [t_pad / 32, heads * n_splits];
+            let cbind = lab.bind(&att_coop, &cp, &[&planes, &part]);
+            let mp = att_params(split_keys);
+            let mgrid = [t, heads];
+            let mbind = lab.bind(&att_merge, &mp, &[&part, &qkvb, &qkvb, &out]);
+            gpu.fill_u32(&part, 0x7fc0_0000);
+            gpu.fill_u32(&out, 0x7fc0_0000);
+            lab.run_once(&att_coop, &cbind, cgrid)?;
+            lab.run_once(&att_merge, &mbind, mgrid)?;
+            let c = if vi == 0 { rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want) } else { "timing only".into() };
+            let tc = timed(
+                &mut rows,
+                &format!("attn_coop{suffix} 1500x6x64 /{n_splits}"),
+                &format!("tensor cores, operands from memory, {n_splits} key splits{what}"),
+                &att_coop,
+                cbind,
+                cgrid,
+                String::new(),
+            )?;
+            let tm = timed(&mut rows, &format!("attention_merge /{n_splits}"), "the splits' partials merged", &att_merge, mbind, mgrid, "timing only".into())?;
+            let total = ts.best + tc.best + tm.best;
+            let at = rows.len() - 2;
+            rows[at].check = format!("{c}, {}; split+attn+merge {:.1} µs", tflops(attn_flops, tc), total * 1e6);
+        }
     }
     if attention_only {
         return Ok(rows);
@@ -1370,6 +1379,63 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool) -> LabResult<Vec<Row>> {
             }
             let td = timed(&mut rows, &label, change, &k, dbind, dgrid, String::new())?;
             rows.last_mut().unwrap().check = format!("{c}, {}; with split {:.1} µs", tflops(flops, td), (td.best + ts.best) * 1e6);
+        }
+        // X split into planes beforehand and staged as vec4<f16> words (the engine's
+        // gemm_planes.wgsl), and the same with the cooperative loads' strides counted in
+        // halves instead of vec4s: the check says which count the driver uses.
+        let planes_variants = [
+            ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string()),
+            (
+                "gemm_planes.halves",
+                "the same, cooperative-load strides in halves",
+                engine::kernels::rewrite_source("halves", GEMM_PLANES, &[("const XLD: u32 = XS4;", "const XLD: u32 = XS4 * 4u;"), ("const WLD: u32 = WS4;", "const WLD: u32 = WS4 * 4u;")])?,
+            ),
+        ];
+        // m n k flags(bias) y_off y_stride m_pad
+        let pp = lab.uniform(&[m, n, kk, 1, 0, n, m_pad, 0]);
+        for (vname, change, vsrc) in &planes_variants {
+            let label = format!("{vname} {m}x{n}x{kk}");
+            let k = match gpu.kernel(static_name(&label), vsrc, &[r, r, r, w]) {
+                Ok(k) => k,
+                Err(e) => {
+                    let mut row = Row::new(Section::Probe, &label, change);
+                    row.check = format!("does not build: {e}");
+                    eprintln!("    {label}: {}", row.check);
+                    rows.push(row);
+                    continue;
+                }
+            };
+            let dbind = lab.bind(&k, &pp, &[&planes, &wb, &bb, &y2]);
+            gpu.fill_u32(&y2, 0x7fc0_0000);
+            lab.run_once(&k, &dbind, dgrid)?;
+            let c = rel_check(&gpu.read_f32(&y2, 0, (m * n) as usize)?, &want);
+            let td = timed(&mut rows, &label, change, &k, dbind, dgrid, String::new())?;
+            rows.last_mut().unwrap().check = format!("{c}, {}; with split {:.1} µs", tflops(flops, td), (td.best + ts.best) * 1e6);
+        }
+    }
+
+    // The shipped GEMM over grids from one workgroup to 2256 and K from one slice to 48:
+    // whether a workgroup's chain of slices (latency) or the device's throughput sets its time.
+    if gemm_only {
+        for &(m, n, kk) in &[
+            (64u32, 64u32, 384u32),
+            (64, 64, 32),
+            (64, 1536, 384),
+            (512, 1536, 384),
+            (1500, 1536, 32),
+            (1500, 1536, 384),
+            (1500, 1536, 1536),
+            (6016, 1536, 384),
+        ] {
+            let (xb, wb, bb, yb) = gemm_inputs(gpu, m, n, kk, &mut seed)?;
+            let params = lab.uniform(&[m, n, kk, 1, 0, kk, 0, n, 0, 0, 0, 0]);
+            let grid = [n.div_ceil(64), m.div_ceil(64)];
+            let bind = lab.bind(&gemm_coop, &params, &[&xb, &wb, &bb, &yb]);
+            let wgs = grid[0] * grid[1];
+            let label = format!("gemm_coop scale {m}x{n}x{kk}");
+            let t = timed(&mut rows, &label, &format!("{wgs} workgroups x {} slices", kk / 32), &gemm_coop, bind, grid, String::new())?;
+            let flops = 2.0 * m as f64 * n as f64 * kk as f64;
+            rows.last_mut().unwrap().check = format!("{}, {:.2} µs per slice", tflops(flops, t), t.best * 1e6 / (kk / 32) as f64);
         }
     }
 
@@ -1980,9 +2046,9 @@ fn run(args: &Args) -> LabResult<()> {
     if args.direct_only {
         if gpu.info.coop_matrix {
             eprintln!("cooperative matrices fed from memory");
-            rows.extend(coop_direct_rows(&lab, args.attention_only)?);
+            rows.extend(coop_direct_rows(&lab, args.attention_only, args.gemm_only)?);
         } else {
-            rows.extend(coop_direct_rows(&lab, args.attention_only)?);
+            rows.extend(coop_direct_rows(&lab, args.attention_only, args.gemm_only)?);
         }
         gpu.check()?;
         print_table(&rows, &clock_note);
@@ -1993,7 +2059,7 @@ fn run(args: &Args) -> LabResult<()> {
     } else if gpu.info.coop_matrix {
         eprintln!("cooperative matrices");
         rows.extend(coop_rows(&lab)?);
-        rows.extend(coop_direct_rows(&lab, args.attention_only)?);
+        rows.extend(coop_direct_rows(&lab, args.attention_only, args.gemm_only)?);
     } else {
         println!("coop: skipped (the engine does not use cooperative matrices on this device)");
     }

@@ -1,6 +1,6 @@
-// What both encoder GEMMs share (gemm.wgsl: shader-arithmetic tiles; gemm_coop.wgsl: cooperative
-// matrices): the parameters, the bindings, reading X (in place for a convolution) and the
-// epilogue of one output element.
+// What both f32-input encoder GEMMs share (gemm.wgsl: shader-arithmetic tiles; gemm_coop.wgsl:
+// cooperative matrices): the parameters, the bindings and reading X (in place for a
+// convolution). gemm_epilogue.wgsl follows it.
 //
 // Y[m][n] (=|+=) act(sum_k X[m][k] * W[n][k] + b[n]); W is stored transposed, [K][N]
 // (k-major), as f16 pairs packed in u32 words along N; N is even. X and Y are f32.
@@ -36,23 +36,3 @@ fn load_x(row: u32, col: u32) -> f32 {
     }
     return x[p.x_off + row * p.x_stride + col];
 }
-
-// One output element's epilogue: bias, GELU, residual accumulate, store.
-fn store(row: u32, col: u32, acc: f32) {
-    if (row >= p.m || col >= p.n) {
-        return;
-    }
-    var v = acc;
-    if ((p.flags & 1u) != 0u) {
-        v += bias[col];
-    }
-    if ((p.flags & 2u) != 0u) {
-        v = gelu(v);
-    }
-    let o = p.y_off + row * p.y_stride + col;
-    if ((p.flags & 4u) != 0u) {
-        v += y[o];
-    }
-    y[o] = v;
-}
-

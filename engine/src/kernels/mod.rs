@@ -143,13 +143,27 @@ const ATTENTION_BLOCKED_MAX_TILED_GROUPS: u64 = 320;
 pub fn attention_blocked_split_keys(tk: u32, splits: u32) -> u32 {
     tk.div_ceil(splits.max(1)).max(1).next_multiple_of(ATTENTION_BLOCKED_KEYS)
 }
-pub const GEMM_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("gemm_io.wgsl"), include_str!("gemm.wgsl"));
+pub const GEMM_SOURCE: &str =
+    concat!(include_str!("gelu.wgsl"), include_str!("gemm_io.wgsl"), include_str!("gemm_epilogue.wgsl"), include_str!("gemm.wgsl"));
 pub const GEMM_COOP_SOURCE: &str = concat!(
     "enable f16;\nenable wgpu_cooperative_matrix;\n",
     include_str!("gelu.wgsl"),
     include_str!("gemm_io.wgsl"),
+    include_str!("gemm_epilogue.wgsl"),
     include_str!("gemm_coop.wgsl")
 );
+/// The linear layers' tensor-core GEMM over X split into f16 planes beforehand
+/// (gemm_planes.wgsl, fed by split_f16.wgsl's `main_rows`).
+pub const GEMM_PLANES_SOURCE: &str = concat!(
+    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+    include_str!("gelu.wgsl"),
+    include_str!("gemm_planes.wgsl"),
+    include_str!("gemm_epilogue.wgsl")
+);
+/// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
+pub const SPLIT_F16_SOURCE: &str = include_str!("split_f16.wgsl");
+/// Rows of a gemm_planes.wgsl tile: the planes are padded to a multiple of it.
+const GEMM_PLANES_ROWS: u32 = 64;
 
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
@@ -287,6 +301,34 @@ impl<'a> Rows<'a> {
     pub fn at(buf: &'a Buffer, off: usize, stride: usize) -> Self {
         Rows { buf, off: off as u32, stride: stride as u32 }
     }
+}
+
+/// gemm_planes.wgsl's parameters (the epilogue reads the same names as gemm_io.wgsl's).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GemmPlanesParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+    y_off: u32,
+    y_stride: u32,
+    m_pad: u32,
+    _pad: u32,
+}
+
+/// split_f16.wgsl's parameters.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SplitParams {
+    rows: u32,
+    cols: u32,
+    rows_pad: u32,
+    heads: u32,
+    x_off: u32,
+    x_stride: u32,
+    scale: f32,
+    _pad: u32,
 }
 
 #[repr(C)]
@@ -478,6 +520,15 @@ pub struct Kernels {
     /// Both again on cooperative matrices (gemm_coop.wgsl), where the device has them.
     gemm_coop: Option<Arc<Kernel>>,
     conv_coop: Option<Arc<Kernel>>,
+    /// The linear layers' tensor-core GEMM over pre-split planes (gemm_planes.wgsl), where
+    /// the device has cooperative matrices; `VERBATIM_GEMM_PLANES=0` leaves it out (to
+    /// compare on a device).
+    gemm_planes: Option<Arc<Kernel>>,
+    /// f32 rows into f16 hi/lo planes (split_f16.wgsl), for gemm_planes.
+    split_planes: Arc<Kernel>,
+    /// The planes of the GEMM in flight, [2][rows_pad][k] f16, sized by
+    /// [`Kernels::reserve_gemm_planes`] (None: gemm_coop.wgsl splits X itself).
+    planes: Option<Buffer>,
     gemv: Arc<Kernel>,
     /// The GEMV for one row (a decode step), named registers instead of a row array.
     gemv_m1: Arc<Kernel>,
@@ -535,6 +586,12 @@ impl Kernels {
                 true => Some(gpu.kernel("conv_k3_coop_f16", GEMM_COOP_SOURCE, &[R, R, R, W])?),
                 false => None,
             },
+            gemm_planes: match gpu.info.coop_matrix && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0") {
+                true => Some(gpu.kernel("gemm_planes_f16", GEMM_PLANES_SOURCE, &[R, R, R, W])?),
+                false => None,
+            },
+            split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
+            planes: None,
             gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
             gemv_stream: gpu.kernel(
                 "gemv_stream_f16",
@@ -574,6 +631,7 @@ impl Kernels {
     pub fn without_coop(mut self) -> Kernels {
         self.gemm_coop = None;
         self.conv_coop = None;
+        self.gemm_planes = None;
         self
     }
 
@@ -784,8 +842,60 @@ impl Kernels {
         let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
         let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
+        if let Some((kernel, planes)) = self.planes_for(m, w) {
+            self.split_f16_rows(rec, x, m, w.k, planes)?;
+            let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
+            let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, _pad: 0 };
+            return rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, y.buf], groups, cost);
+        }
         let kernel = self.gemm_coop.as_ref().unwrap_or(&self.gemm);
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
+    }
+
+    /// `rows` rows of width `cols` (even) into f16 hi and lo planes in `out`,
+    /// [2][rows_pad][cols] with rows_pad the next multiple of 64 and the padding rows zero
+    /// (split_f16.wgsl `main_rows`).
+    pub fn split_f16_rows(&self, rec: &mut Recorder, x: Rows, rows: u32, cols: u32, out: &Buffer) -> Result<()> {
+        let rows_pad = rows.next_multiple_of(GEMM_PLANES_ROWS);
+        let words = rows_pad as u64 * cols as u64 / 2;
+        if !cols.is_multiple_of(2) || words * 8 > out.size() {
+            return Err(Error::Invalid(format!("split_f16: {rows} x {cols} does not fit {} bytes in f16 pairs", out.size())));
+        }
+        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off: x.off, x_stride: x.stride, scale: 1.0, _pad: 0 };
+        let g = grid_1d((words as u32).div_ceil(256));
+        let cost = Cost { bytes: rows as u64 * cols as u64 * 4 + words * 8, flops: 0 };
+        rec.dispatch(&self.split_planes, bytemuck::bytes_of(&sp), &[x.buf, out], [g[0], g[1], 1], cost)
+    }
+
+    /// Make room for the planes of gemm_planes.wgsl: `rows` activation rows of width up to
+    /// `k` split into f16 hi and lo (the encoder: audio_ctx x max(d_model, ffn); 2 x 1536 x
+    /// 1536 x 2 bytes = 9.4 MB for tiny.en). Nothing where the device has no cooperative
+    /// matrices; a buffer already as large is kept. Without it the linear layers stay on
+    /// gemm_coop.wgsl.
+    pub fn reserve_gemm_planes(&mut self, gpu: &Gpu, rows: u32, k: u32) -> Result<()> {
+        if self.gemm_planes.is_none() {
+            return Ok(());
+        }
+        let bytes = 2 * rows.next_multiple_of(GEMM_PLANES_ROWS) as u64 * k as u64 * 2;
+        if self.planes.as_ref().is_some_and(|b| b.size() >= bytes) {
+            return Ok(());
+        }
+        self.planes = Some(gpu.buffer("gemm planes", bytes)?);
+        Ok(())
+    }
+
+    /// Whether [`Kernels::linear`] takes gemm_planes.wgsl for `m` rows of `w`.
+    pub fn uses_planes(&self, m: u32, w: &F16Matrix) -> bool {
+        m > GEMV_MAX_ROWS && self.planes_for(m, w).is_some()
+    }
+
+    /// gemm_planes.wgsl and the planes buffer where they take `m` rows of `w`: n a multiple
+    /// of the 64-column tile, k of the 32-deep slice (no bounds checks inside), and planes
+    /// reserved for that many rows and columns.
+    fn planes_for(&self, m: u32, w: &F16Matrix) -> Option<(&Arc<Kernel>, &Buffer)> {
+        let (kernel, planes) = (self.gemm_planes.as_ref()?, self.planes.as_ref()?);
+        let bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.k as u64 * 2;
+        (w.n.is_multiple_of(64) && w.k.is_multiple_of(32) && bytes <= planes.size()).then_some((kernel, planes))
     }
 
     /// Kernel-3, padding-1 convolution as a GEMM over an in-place im2col view:

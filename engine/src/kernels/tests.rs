@@ -55,10 +55,16 @@ fn gemm_kernels(g: &Gpu, coop: bool, test: &str) -> Option<Kernels> {
 
 #[allow(clippy::too_many_arguments)]
 fn run_linear(r: &mut StdRng, coop: bool, m: usize, n: usize, k: usize, bias: bool, gelu: bool, accumulate: bool) {
-    let g = gpu();
-    let Some(kern) = gemm_kernels(g, coop, "linear") else {
+    let Some(kern) = gemm_kernels(gpu(), coop, "linear") else {
         return;
     };
+    run_linear_with(&kern, r, m, n, k, bias, gelu, accumulate);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_linear_with(kern: &Kernels, r: &mut StdRng, m: usize, n: usize, k: usize, bias: bool, gelu: bool, accumulate: bool) {
+    let g = gpu();
+    let coop = kern.uses_coop();
     let x = rand_vec(r, m * k, 1.0);
     let w = f16_round(&rand_vec(r, n * k, 0.5));
     let b = rand_vec(r, n, 0.5);
@@ -304,6 +310,86 @@ fn linear_gemm_matches_reference() {
     }
     // Several K slices and tiles on the tensor-core path (on lavapipe it skips).
     run_linear(&mut r, true, 203, 134, 101, true, true, true);
+}
+
+/// The linear layers' tensor-core GEMM over pre-split planes (split_f16.wgsl +
+/// gemm_planes.wgsl): every epilogue, ragged row counts, several tiles and K slices, and
+/// shapes it does not take (n not a multiple of 64, more rows than the planes hold) falling
+/// back to gemm_coop.wgsl. Runs where the device has cooperative matrices (the H200);
+/// lavapipe skips it (the split itself is tested everywhere, below).
+#[test]
+fn linear_gemm_on_planes_matches_reference() {
+    let mut r = rng("linear_planes");
+    let g = gpu();
+    let Some(mut kern) = gemm_kernels(g, true, "linear_planes") else {
+        return;
+    };
+    kern.reserve_gemm_planes(g, 300, 512).unwrap();
+    let cases = [
+        (9, 64, 32, true, false, false),
+        (67, 128, 96, true, true, false),
+        (130, 192, 64, false, false, true),
+        (203, 64, 416, true, true, true),
+        (300, 128, 512, true, false, true),
+    ];
+    for (m, n, k, bias, gelu, acc) in cases {
+        let probe = F16Matrix::from_bits(g, "probe", &vec![0u16; n * k], n, k).unwrap();
+        assert!(kern.uses_planes(m as u32, &probe), "m={m} n={n} k={k} should take the planes GEMM");
+        run_linear_with(&kern, &mut r, m, n, k, bias, gelu, acc);
+    }
+    // Not multiples of the tile: the staged GEMM instead, still right.
+    let odd = F16Matrix::from_bits(g, "odd", &vec![0u16; 70 * 96], 70, 96).unwrap();
+    assert!(!kern.uses_planes(33, &odd));
+    run_linear_with(&kern, &mut r, 33, 70, 96, true, false, true);
+    // More rows of that width than the planes hold: the staged GEMM.
+    let wide = F16Matrix::from_bits(g, "wide", &vec![0u16; 64 * 512], 64, 512).unwrap();
+    assert!(!kern.uses_planes(400, &wide) && kern.uses_planes(300, &wide));
+    run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
+}
+
+/// split_f16.wgsl's `main_rows` against the CPU: rows at an offset and stride, hi exactly x
+/// with its 13 low mantissa bits cleared, hi + lo / 2^12 within 2^-20 of x (lo is rounded to
+/// f16's 11 bits), and the padding rows zero (output poisoned first).
+#[test]
+fn split_f16_rows_match_the_cpu_split() {
+    let mut r = rng("split_f16");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    for &(rows, cols, off, stride) in &[(37usize, 70usize, 5usize, 75usize), (64, 32, 0, 32), (3, 1030, 11, 1040)] {
+        let rows_pad = rows.next_multiple_of(64);
+        // Magnitudes over several binades (the split's scale must hold for all of them), and
+        // rows past the last one: the padding must not read them.
+        let x: Vec<f32> = (0..off + (rows + 2) * stride)
+            .map(|_| {
+                let v: f32 = r.random_range(0.5..1.0) * if r.random_range(0..2) == 0 { -1.0 } else { 1.0 };
+                v * 2f32.powi(r.random_range(-6..6))
+            })
+            .collect();
+        let xb = g.upload_f32("x", &x).unwrap();
+        let words = rows_pad * cols / 2;
+        let out = g.buffer("planes", words as u64 * 8).unwrap();
+        g.fill_u32(&out, 0x7e00_7e00);
+        let mut rec = g.recorder();
+        kern.split_f16_rows(&mut rec, Rows { buf: &xb, off: off as u32, stride: stride as u32 }, rows as u32, cols as u32, &out).unwrap();
+        rec.submit(None).unwrap();
+        let got: Vec<u32> = bytemuck::cast_slice(&g.read(&out, 0, words as u64 * 8).unwrap()).to_vec();
+        let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32();
+        for row in 0..rows_pad {
+            for c in 0..cols {
+                let (wi, hi_i) = (row * cols / 2 + c / 2, c % 2);
+                let (h, l) = (half(got[wi], hi_i), half(got[words + wi], hi_i));
+                if row >= rows {
+                    assert!(h == 0.0 && l == 0.0, "padding row {row} col {c}: {h} {l}");
+                    continue;
+                }
+                let v = x[off + row * stride + c];
+                let want_hi = f32::from_bits(v.to_bits() & 0xffff_e000);
+                assert_eq!(h, want_hi, "row {row} col {c}: hi of {v}");
+                let back = h as f64 + l as f64 / 4096.0;
+                assert!((back - v as f64).abs() <= v.abs() as f64 * 2f64.powi(-20), "row {row} col {c}: {v} split into {h} + {l} / 4096");
+            }
+        }
+    }
 }
 
 fn run_conv(r: &mut StdRng, coop: bool, cin: usize, t_in: usize, cout: usize, stride: usize, time_major: bool) {
@@ -1138,12 +1224,12 @@ fn coop_sources_are_valid_wgsl() {
     let lab = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/coop.wgsl"));
     let gemm_direct = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/gemm_direct.wgsl"));
     let attn = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/attn_coop.wgsl"));
-    let split = include_str!("../bin/kernel_lab/split_f16.wgsl");
+    let split = super::SPLIT_F16_SOURCE;
     let put4 = gemm_direct.replace(
         "    emit(c00, d00, cb, lane, row0, col0);\n    emit(c01, d01, cb, lane, row0, col0 + 16u);\n    emit(c10, d10, cb, lane, row0 + 16u, col0);\n    emit(c11, d11, cb, lane, row0 + 16u, col0 + 16u);\n",
         "    let blk = ((wg.y * (p.n / 64u) + wg.x) * 4u + sg) * 2048u;\n    put4(c00, c01, c10, c11, blk);\n    put4(d00, d01, d10, d11, blk + 1024u);\n",
     );
-    for (i, src) in [GEMM_COOP_SOURCE, lab, gemm_direct, attn, split, put4.as_str()].into_iter().enumerate() {
+    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, attn, split, put4.as_str()].into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())

@@ -495,6 +495,10 @@ impl GpuWhisper {
         let mut kern = Kernels::load(g)?;
         // The encoder's self-attention splits its keys (attention_blocked.wgsl + merge).
         kern.reserve_blocked_attention(g, dims.audio_ctx as u32, dims.n_heads as u32)?;
+        // The linear layers of many rows (the encoder's audio_ctx, a prefill's prompt) split
+        // their input into f16 planes first (gemm_planes.wgsl, where the device has
+        // cooperative matrices).
+        kern.reserve_gemm_planes(g, dims.audio_ctx.max(dims.text_ctx) as u32, dims.d_model.max(dims.ffn) as u32)?;
         let mut enc_layers = Vec::with_capacity(dims.encoder_layers);
         for i in 0..dims.encoder_layers {
             let p = format!("encoder/layer_{i}");

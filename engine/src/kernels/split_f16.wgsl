@@ -1,7 +1,8 @@
-// f32 activations into f16 hi/lo planes for the cooperative-matrix kernels that load their
-// operands straight from memory (gemm_direct.wgsl, attn_coop.wgsl): hi = x with the low 13
-// mantissa bits cleared (exactly an f16), lo = (x - hi) * 2^12, as gemm_coop.wgsl splits
-// in workgroup memory. Two halves per u32 word (pack2x16float), a thread per word.
+// f32 activations into f16 hi/lo planes for the cooperative-matrix kernels that read them
+// (gemm_planes.wgsl; the kernel lab's gemm_direct.wgsl and attn_coop.wgsl): hi = x with the
+// low 13 mantissa bits cleared (exactly an f16), lo = (x - hi) * 2^12, as gemm_coop.wgsl
+// splits in workgroup memory. Two halves per u32 word (pack2x16float), a thread per word.
+// Runs on any device (no f16 arithmetic): the kernel tests hold it to the CPU's split.
 //
 // main_rows:  X [rows][cols] (x_off, x_stride) -> [2][rows_pad][cols] (hi plane, lo plane);
 //             rows past `rows` are zero, so consumers read whole 16-row tiles unchecked.
