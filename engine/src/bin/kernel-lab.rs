@@ -65,6 +65,17 @@ const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", inc
 const SPLIT_F16: &str = engine::kernels::SPLIT_F16_SOURCE;
 const GEMM_DIRECT: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/gemm_direct.wgsl"));
 const GEMM_PLANES: &str = engine::kernels::GEMM_PLANES_SOURCE;
+const GEMM_PLANES_WIDE_BODY: &str = include_str!("kernel_lab/gemm_planes_wide.wgsl");
+
+/// gemm_planes.wgsl with its kernel body (from the constants to the shared epilogue)
+/// replaced by kernel_lab/gemm_planes_wide.wgsl (256 threads, 128x64 tiles).
+fn gemm_planes_wide() -> LabResult<String> {
+    let s = GEMM_PLANES;
+    let (Some(a), Some(b)) = (s.find("const CK: u32 = 32u;"), s.find("// The epilogue of one output element")) else {
+        return Err("gemm_planes.wgsl: body markers not found".into());
+    };
+    Ok(format!("{}{}{}", &s[..a], GEMM_PLANES_WIDE_BODY, &s[b..]))
+}
 const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
 
 // ---------------------------------------------------------------------------------------
@@ -1383,18 +1394,23 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         // X split into planes beforehand and staged as vec4<f16> words (the engine's
         // gemm_planes.wgsl), and the same with the cooperative loads' strides counted in
         // halves instead of vec4s: the check says which count the driver uses.
+        // (name, change, source, rows per workgroup)
         let planes_variants = [
-            ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string()),
+            ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string(), 64u32),
+            ("gemm_planes_wide", "256 threads over 128x64 tiles", gemm_planes_wide()?, 128),
             (
                 "gemm_planes.halves",
                 "the same, cooperative-load strides in halves",
                 engine::kernels::rewrite_source("halves", GEMM_PLANES, &[("const XLD: u32 = XS4;", "const XLD: u32 = XS4 * 4u;"), ("const WLD: u32 = WS4;", "const WLD: u32 = WS4 * 4u;")])?,
+                64,
             ),
         ];
         // m n k flags(bias) y_off y_stride m_pad
         let pp = lab.uniform(&[m, n, kk, 1, 0, n, m_pad, 0]);
-        for (vname, change, vsrc) in &planes_variants {
+        for (vname, change, vsrc, tile_rows) in &planes_variants {
             let label = format!("{vname} {m}x{n}x{kk}");
+            // (the planes are padded to 64 rows: 1536 for 1500, also a multiple of 128)
+            let dgrid = [n / 64, m_pad / tile_rows];
             let k = match gpu.kernel(static_name(&label), vsrc, &[r, r, r, w]) {
                 Ok(k) => k,
                 Err(e) => {
