@@ -65,16 +65,28 @@ const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", inc
 const SPLIT_F16: &str = engine::kernels::SPLIT_F16_SOURCE;
 const GEMM_DIRECT: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/gemm_direct.wgsl"));
 const GEMM_PLANES: &str = engine::kernels::GEMM_PLANES_SOURCE;
-const GEMM_PLANES_WIDE_BODY: &str = include_str!("kernel_lab/gemm_planes_wide.wgsl");
 
-/// gemm_planes.wgsl with its kernel body (from the constants to the shared epilogue)
-/// replaced by kernel_lab/gemm_planes_wide.wgsl (256 threads, 128x64 tiles).
+/// gemm_planes.wgsl rewritten for 256 threads (8 subgroups) over 128x64 tiles: a workgroup
+/// stages half the W words per output and passes half the barriers per output (H200: slower).
 fn gemm_planes_wide() -> LabResult<String> {
-    let s = GEMM_PLANES;
-    let (Some(a), Some(b)) = (s.find("const CK: u32 = 32u;"), s.find("// The epilogue of one output element")) else {
-        return Err("gemm_planes.wgsl: body markers not found".into());
-    };
-    Ok(format!("{}{}{}", &s[..a], GEMM_PLANES_WIDE_BODY, &s[b..]))
+    let threads = |f: &'static str| (f, f.replace("128u * i", "256u * i"));
+    let edits: Vec<(&str, String)> = vec![
+        ("var<workgroup> xs_hi: array<vec4<f16>, 640>;", "var<workgroup> xs_hi: array<vec4<f16>, 1280>;".into()),
+        ("var<workgroup> xs_lo: array<vec4<f16>, 640>;", "var<workgroup> xs_lo: array<vec4<f16>, 1280>;".into()),
+        ("var<workgroup> cs: array<f32, 1280>;", "var<workgroup> cs: array<f32, 2560>;".into()),
+        threads("fn xw(base: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {\n    let e = lid + 128u * i;"),
+        threads("fn ww(col0: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {\n    let e = lid + 128u * i;"),
+        threads("fn put_x(hi: vec4<f16>, lo: vec4<f16>, lid: u32, i: u32) {\n    let e = lid + 128u * i;"),
+        threads("fn put_w(v: vec4<f16>, lid: u32, i: u32) {\n    let e = lid + 128u * i;"),
+        ("@compute @workgroup_size(128)", "@compute @workgroup_size(256)".into()),
+        ("    let row0 = wg.y * 64u;", "    let row0 = wg.y * 128u;".into()),
+        // 32 k-rows x 16 W words are 2 per thread now, not 4
+        ("    var w2 = ww(col0, 0u, lid, 2u);\n    var w3 = ww(col0, 0u, lid, 3u);\n", String::new()),
+        ("        put_w(w2, lid, 2u);\n        put_w(w3, lid, 3u);\n", String::new()),
+        ("            w2 = ww(col0, k1, lid, 2u);\n            w3 = ww(col0, k1, lid, 3u);\n", String::new()),
+    ];
+    let e: Vec<(&str, &str)> = edits.iter().map(|(a, b)| (*a, b.as_str())).collect();
+    Ok(engine::kernels::rewrite_source("gemm_planes_wide", GEMM_PLANES, &e)?)
 }
 const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
 

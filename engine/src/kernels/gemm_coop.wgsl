@@ -1,8 +1,11 @@
 // Tiled GEMM on cooperative matrices (tensor cores): the encoder's linear layers and
 // convolutions where the device offers wgpu's experimental cooperative matrices in the
 // 16x16x16 f16 x f16 -> f32 shape with 32-wide subgroups (kernels/mod.rs checks; the
-// `enable f16; enable wgpu_cooperative_matrix;` directives, gelu.wgsl and gemm_io.wgsl are
-// prepended there). Same parameters, flags and epilogue as gemm.wgsl.
+// `enable f16; enable wgpu_cooperative_matrix;` directives, gelu.wgsl, gemm_io.wgsl,
+// gemm_epilogue.wgsl and gemm_coop_emit.wgsl (LO_SCALE, `cs`, emit) are prepended there).
+// Same parameters, flags and epilogue as gemm.wgsl. Where X is rows in memory and the
+// planes are reserved, the linear layers take gemm_planes.wgsl instead (faster); this one
+// runs the convolutions (X read in place) and whatever the planes do not fit.
 //
 // Exact to f32, not f16: each X element is split into two f16 parts, hi = x with the low
 // 13 mantissa bits cleared (exactly an f16) and lo = (x - hi) * 2^12 (rounded to f16), and
@@ -35,8 +38,6 @@ const CK: u32 = 32u;
 const CN: u32 = 64u;
 const XS_STRIDE: u32 = CK + 8u; // halves per staged X row
 const WS_STRIDE: u32 = CN + 8u; // halves per staged W row (one k)
-const CS_STRIDE: u32 = 20u; // floats per row of a subgroup's 16x16 output tile
-const LO_SCALE: f32 = 4096.0;
 
 // x = hi + lo / LO_SCALE with hi exactly an f16 (see above).
 fn split_hi(x: f32) -> f32 {
@@ -46,30 +47,6 @@ fn split_hi(x: f32) -> f32 {
 var<workgroup> xs_hi: array<f16, CM * XS_STRIDE>; // [CM][XS_STRIDE]
 var<workgroup> xs_lo: array<f16, CM * XS_STRIDE>;
 var<workgroup> ws16: array<f16, CK * WS_STRIDE>; // [CK][WS_STRIDE]
-var<workgroup> cs: array<f32, WG / 2u * CS_STRIDE>; // [WG / 32 subgroups][16][CS_STRIDE]
-
-// One 16x16 output block (rows r0.., columns c0.. of the tile) through this subgroup's
-// tile of `cs`: hi + lo / LO_SCALE, then the epilogue. Every subgroup calls it in step
-// (the barriers are workgroup-wide).
-fn emit(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32, row: u32, col: u32) {
-    workgroupBarrier();
-    coopStoreT(hi, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    var v: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        v[i] = cs[cb + (e / 16u) * CS_STRIDE + e % 16u];
-    }
-    workgroupBarrier();
-    coopStoreT(lo, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        let r = e / 16u;
-        let c = e % 16u;
-        store(row + r, col + c, v[i] + cs[cb + r * CS_STRIDE + c] * (1.0 / LO_SCALE));
-    }
-}
 
 // Elements 4q..4q+3 of a thread's X share of the slice at k0 (see main).
 fn fetch_x(row0: u32, k0: u32, lid: u32, q: u32) -> vec4<f32> {

@@ -15,7 +15,7 @@
 // slices of 32 loaded a slice ahead into named registers. n must be a multiple of 64, k of
 // 32 and m_pad of 64 (kernels/mod.rs falls back to gemm_coop.wgsl otherwise).
 // `enable f16; enable wgpu_cooperative_matrix;` and gelu.wgsl are prepended,
-// gemm_epilogue.wgsl appended.
+// gemm_epilogue.wgsl and gemm_coop_emit.wgsl (LO_SCALE, `cs`, emit) appended.
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
@@ -35,34 +35,10 @@ const WS4: u32 = 18u; // vec4 per staged W row: 64 / 4 + 2
 // them in halves, in case the driver counts the other way).
 const XLD: u32 = XS4;
 const WLD: u32 = WS4;
-const CS_STRIDE: u32 = 20u;
-const LO_SCALE: f32 = 4096.0;
 
 var<workgroup> xs_hi: array<vec4<f16>, 640>; // [64][XS4]
 var<workgroup> xs_lo: array<vec4<f16>, 640>;
 var<workgroup> ws: array<vec4<f16>, 576>;    // [CK][WS4]
-var<workgroup> cs: array<f32, 1280>;         // [4 subgroups][16][CS_STRIDE]
-
-// One 16x16 output block through this subgroup's tile of `cs` (as gemm_coop.wgsl).
-fn emit(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32, row: u32, col: u32) {
-    workgroupBarrier();
-    coopStoreT(hi, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    var v: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        v[i] = cs[cb + (e / 16u) * CS_STRIDE + e % 16u];
-    }
-    workgroupBarrier();
-    coopStoreT(lo, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        let r = e / 16u;
-        let c = e % 16u;
-        store(row + r, col + c, v[i] + cs[cb + r * CS_STRIDE + c] * (1.0 / LO_SCALE));
-    }
-}
 
 // A thread's X words of a slice: element e = lid + 128 i of 512 per plane, row e / 8,
 // vec4 column e % 8 (8 neighbouring threads read a row's 64 bytes).

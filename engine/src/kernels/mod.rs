@@ -150,6 +150,7 @@ pub const GEMM_COOP_SOURCE: &str = concat!(
     include_str!("gelu.wgsl"),
     include_str!("gemm_io.wgsl"),
     include_str!("gemm_epilogue.wgsl"),
+    include_str!("gemm_coop_emit.wgsl"),
     include_str!("gemm_coop.wgsl")
 );
 /// The linear layers' tensor-core GEMM over X split into f16 planes beforehand
@@ -158,7 +159,8 @@ pub const GEMM_PLANES_SOURCE: &str = concat!(
     "enable f16;\nenable wgpu_cooperative_matrix;\n",
     include_str!("gelu.wgsl"),
     include_str!("gemm_planes.wgsl"),
-    include_str!("gemm_epilogue.wgsl")
+    include_str!("gemm_epilogue.wgsl"),
+    include_str!("gemm_coop_emit.wgsl")
 );
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
 pub const SPLIT_F16_SOURCE: &str = include_str!("split_f16.wgsl");
