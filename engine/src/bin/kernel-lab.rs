@@ -89,6 +89,7 @@ fn gemm_planes_wide() -> LabResult<String> {
     Ok(engine::kernels::rewrite_source("gemm_planes_wide", GEMM_PLANES, &e)?)
 }
 const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
+const ATTN_STAGED: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_staged.wgsl"));
 
 // ---------------------------------------------------------------------------------------
 // Command line
@@ -1299,8 +1300,9 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             ("", "".to_string(), ATTN_COOP.to_string()),
             (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_COOP, &no_pv)?),
             (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_COOP, &no_qk)?),
+            ("_staged", ", K|V staged as vec4<f16> words".to_string(), ATTN_STAGED.to_string()),
         ];
-        for (split_keys, vi) in [(384u32, 0usize), (384, 1), (384, 2)] {
+        for (split_keys, vi) in [(384u32, 3usize), (384, 0), (384, 1), (384, 2), (192, 3)] {
             let (suffix, what, vsrc) = &att_variants[vi];
             let att_coop = gpu.kernel(static_name(&format!("lab attn_coop{suffix}")), vsrc, &[r, w])?;
             let n_splits = t.div_ceil(split_keys);
@@ -1315,11 +1317,11 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             gpu.fill_u32(&out, 0x7fc0_0000);
             lab.run_once(&att_coop, &cbind, cgrid)?;
             lab.run_once(&att_merge, &mbind, mgrid)?;
-            let c = if vi == 0 { rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want) } else { "timing only".into() };
+            let c = if vi == 0 || vi == 3 { rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want) } else { "timing only".into() };
             let tc = timed(
                 &mut rows,
                 &format!("attn_coop{suffix} 1500x6x64 /{n_splits}"),
-                &format!("tensor cores, operands from memory, {n_splits} key splits{what}"),
+                &format!("tensor cores, Q from memory, {n_splits} key splits{what}"),
                 &att_coop,
                 cbind,
                 cgrid,

@@ -1,0 +1,212 @@
+// attn_coop.wgsl with its keys and values staged in workgroup memory as vec4<f16> words,
+// the way gemm_planes.wgsl feeds the encoder GEMMs (there: 2x faster than loading the
+// fragments straight from memory). Same planes, parameters, grid, output (the partials of
+// attention.wgsl's main_merge) and arithmetic; blocks of 32 keys instead of 64 so that the
+// staged K|V (hi and lo, 18 KiB) fit beside the score and probability tiles.
+//
+// Per block: [S = Q K^T, stored] (1) [softmax, P stored] (2) [P V, stored] (3) [lanes add
+// the block to their output; the next block's K|V staged] (4).
+
+struct Params {
+    tq: u32, tk: u32, heads: u32, t_pad: u32,
+    split_keys: u32, n_splits: u32, _p0: u32, _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> pl: array<vec4<f16>>; // [6][heads][t_pad][16]
+@group(0) @binding(2) var<storage, read_write> part: array<f32>;
+
+const SS: u32 = 68u; // floats per score / output row
+const PS: u32 = 40u; // halves per probability row
+const KS: u32 = 18u; // vec4 per staged key row (16 + 2)
+const BK: u32 = 32u; // keys per block
+const NEG: f32 = -3.0e38;
+const LO_SCALE: f32 = 4096.0;
+
+var<workgroup> kv: array<vec4<f16>, 2304>; // [4: k hi, k lo, v hi, v lo][32 keys][KS]
+var<workgroup> s_hi: array<f32, 2176>; // [2 subgroups][16][SS]
+var<workgroup> s_lo: array<f32, 2176>;
+var<workgroup> p_hi: array<f16, 1280>; // [2 subgroups][16][PS]
+var<workgroup> p_lo: array<f16, 1280>;
+
+fn split_hi(v: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);
+}
+
+// Keys j0..j0+31 of head h (k hi, k lo, v hi, v lo) into `kv`: 2048 words, 32 a thread.
+fn stage(j0: u32, hb4: u32, plane4: u32, lid: u32) {
+    for (var i = 0u; i < 32u; i++) {
+        let e = lid + 64u * i; // [which 4][key 32][16 words]
+        let which = e / 512u;
+        let key = (e / 16u) % 32u;
+        let w = e % 16u;
+        kv[(which * 32u + key) * KS + w] = pl[(2u + which) * plane4 + hb4 + (j0 + key) * 16u + w];
+    }
+}
+
+fn s_at(i: u32) -> f32 {
+    return s_hi[i] + s_lo[i] * (1.0 / LO_SCALE);
+}
+
+fn s4(i: u32) -> vec4<f32> {
+    return vec4<f32>(s_at(i), s_at(i + 1u), s_at(i + 2u), s_at(i + 3u));
+}
+
+// S (16 queries x 16 keys from key t of the block) += q (dims 16 d..) · k^T.
+fn qk(sh: ptr<function, coop_mat16x16<f32, C>>, sl: ptr<function, coop_mat16x16<f32, C>>,
+      qh: coop_mat16x16<f16, A>, ql: coop_mat16x16<f16, A>, t: u32, d: u32) {
+    let kh = coopLoad<coop_mat16x16<f16, B>>(&kv[t * KS + 4u * d], KS);
+    let kl = coopLoad<coop_mat16x16<f16, B>>(&kv[(32u + t) * KS + 4u * d], KS);
+    *sh = coopMultiplyAdd(qh, kh, *sh);
+    *sl = coopMultiplyAdd(qh, kl, *sl);
+    *sl = coopMultiplyAdd(ql, kh, *sl);
+}
+
+// O (16 queries x 16 dims from 16 dt) += P (keys t..t+15 of the block) · V.
+fn pv(oh: ptr<function, coop_mat16x16<f32, C>>, ol: ptr<function, coop_mat16x16<f32, C>>,
+      ah: coop_mat16x16<f16, A>, al: coop_mat16x16<f16, A>, t: u32, dt: u32) {
+    let vh = coopLoadT<coop_mat16x16<f16, B>>(&kv[(64u + t) * KS + 4u * dt], KS);
+    let vl = coopLoadT<coop_mat16x16<f16, B>>(&kv[(96u + t) * KS + 4u * dt], KS);
+    *oh = coopMultiplyAdd(ah, vh, *oh);
+    *ol = coopMultiplyAdd(ah, vl, *ol);
+    *ol = coopMultiplyAdd(al, vh, *ol);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32,
+        @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) lane: u32) {
+    let h = wg.y / p.n_splits;
+    let split = wg.y % p.n_splits;
+    let q0 = wg.x * 32u + sg * 16u;
+    let plane4 = p.heads * p.t_pad * 16u;
+    let hb4 = h * p.t_pad * 16u;
+    let qb = hb4 + q0 * 16u;
+    let qh0 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb], 16u);
+    let qh1 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 4u], 16u);
+    let qh2 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 8u], 16u);
+    let qh3 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 12u], 16u);
+    let ql0 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb], 16u);
+    let ql1 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb + 4u], 16u);
+    let ql2 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb + 8u], 16u);
+    let ql3 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb + 12u], 16u);
+    let j_begin = split * p.split_keys;
+    let j_end = min(p.tk, j_begin + p.split_keys);
+    let r = lane / 2u; // this lane's query row in the subgroup's 16
+    let half_ = lane % 2u; // which 16 of a block's 32 keys, which 32 of the 64 dims
+    let sb = sg * 16u * SS;
+    let pb = sg * 16u * PS;
+    let rb = sb + r * SS;
+    let prow = pb + r * PS + half_ * 16u;
+    var m = NEG;
+    var l = 0.0;
+    var o0 = vec4<f32>(0.0);
+    var o1 = vec4<f32>(0.0);
+    var o2 = vec4<f32>(0.0);
+    var o3 = vec4<f32>(0.0);
+    var o4 = vec4<f32>(0.0);
+    var o5 = vec4<f32>(0.0);
+    var o6 = vec4<f32>(0.0);
+    var o7 = vec4<f32>(0.0);
+    if (j_begin < j_end) {
+        stage(j_begin, hb4, plane4, lid);
+    }
+    workgroupBarrier();
+    for (var j0 = j_begin; j0 < j_end; j0 += BK) {
+        for (var t = 0u; t < BK; t += 16u) {
+            var sh = coop_mat16x16<f32, C>();
+            var sl = coop_mat16x16<f32, C>();
+            qk(&sh, &sl, qh0, ql0, t, 0u);
+            qk(&sh, &sl, qh1, ql1, t, 1u);
+            qk(&sh, &sl, qh2, ql2, t, 2u);
+            qk(&sh, &sl, qh3, ql3, t, 3u);
+            coopStoreT(sh, &s_hi[sb + t], SS);
+            coopStoreT(sl, &s_lo[sb + t], SS);
+        }
+        workgroupBarrier();
+        // Softmax over the block: this lane's 16 keys, its partner lane's other 16.
+        let jb = j0 + half_ * 16u;
+        let sr = rb + half_ * 16u;
+        var bm = NEG;
+        for (var c = 0u; c < 16u; c++) {
+            if (jb + c < j_end) {
+                bm = max(bm, s_at(sr + c));
+            }
+        }
+        bm = max(bm, subgroupShuffleXor(bm, 1u));
+        let mn = max(m, bm);
+        let alpha = exp(m - mn);
+        m = mn;
+        var ps = 0.0;
+        for (var c = 0u; c < 16u; c++) {
+            var pr = 0.0;
+            if (jb + c < j_end) {
+                pr = exp(s_at(sr + c) - mn);
+            }
+            ps += pr;
+            let ph = split_hi(pr);
+            p_hi[prow + c] = f16(ph);
+            p_lo[prow + c] = f16((pr - ph) * LO_SCALE);
+        }
+        l = l * alpha + ps;
+        workgroupBarrier();
+        var oh0 = coop_mat16x16<f32, C>();
+        var oh1 = coop_mat16x16<f32, C>();
+        var oh2 = coop_mat16x16<f32, C>();
+        var oh3 = coop_mat16x16<f32, C>();
+        var ol0 = coop_mat16x16<f32, C>();
+        var ol1 = coop_mat16x16<f32, C>();
+        var ol2 = coop_mat16x16<f32, C>();
+        var ol3 = coop_mat16x16<f32, C>();
+        for (var t = 0u; t < BK; t += 16u) {
+            let ah = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[pb + t], PS);
+            let al = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[pb + t], PS);
+            pv(&oh0, &ol0, ah, al, t, 0u);
+            pv(&oh1, &ol1, ah, al, t, 1u);
+            pv(&oh2, &ol2, ah, al, t, 2u);
+            pv(&oh3, &ol3, ah, al, t, 3u);
+        }
+        coopStoreT(oh0, &s_hi[sb], SS);
+        coopStoreT(oh1, &s_hi[sb + 16u], SS);
+        coopStoreT(oh2, &s_hi[sb + 32u], SS);
+        coopStoreT(oh3, &s_hi[sb + 48u], SS);
+        coopStoreT(ol0, &s_lo[sb], SS);
+        coopStoreT(ol1, &s_lo[sb + 16u], SS);
+        coopStoreT(ol2, &s_lo[sb + 32u], SS);
+        coopStoreT(ol3, &s_lo[sb + 48u], SS);
+        workgroupBarrier();
+        let ob = rb + half_ * 32u;
+        o0 = fma(o0, vec4<f32>(alpha), s4(ob));
+        o1 = fma(o1, vec4<f32>(alpha), s4(ob + 4u));
+        o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
+        o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
+        o4 = fma(o4, vec4<f32>(alpha), s4(ob + 16u));
+        o5 = fma(o5, vec4<f32>(alpha), s4(ob + 20u));
+        o6 = fma(o6, vec4<f32>(alpha), s4(ob + 24u));
+        o7 = fma(o7, vec4<f32>(alpha), s4(ob + 28u));
+        // (every K|V read of this block is behind the barrier above)
+        if (j0 + BK < j_end) {
+            stage(j0 + BK, hb4, plane4, lid);
+        }
+        workgroupBarrier();
+    }
+    let lt = l + subgroupShuffleXor(l, 1u);
+    let qi = q0 + r;
+    if (qi < p.tq) {
+        let b = ((qi * p.heads + h) * p.n_splits + split) * 66u;
+        if (half_ == 0u) {
+            part[b] = m;
+            part[b + 1u] = lt;
+        }
+        let ob = b + 2u + half_ * 32u;
+        part[ob] = o0.x; part[ob + 1u] = o0.y; part[ob + 2u] = o0.z; part[ob + 3u] = o0.w;
+        part[ob + 4u] = o1.x; part[ob + 5u] = o1.y; part[ob + 6u] = o1.z; part[ob + 7u] = o1.w;
+        part[ob + 8u] = o2.x; part[ob + 9u] = o2.y; part[ob + 10u] = o2.z; part[ob + 11u] = o2.w;
+        part[ob + 12u] = o3.x; part[ob + 13u] = o3.y; part[ob + 14u] = o3.z; part[ob + 15u] = o3.w;
+        part[ob + 16u] = o4.x; part[ob + 17u] = o4.y; part[ob + 18u] = o4.z; part[ob + 19u] = o4.w;
+        part[ob + 20u] = o5.x; part[ob + 21u] = o5.y; part[ob + 22u] = o5.z; part[ob + 23u] = o5.w;
+        part[ob + 24u] = o6.x; part[ob + 25u] = o6.y; part[ob + 26u] = o6.z; part[ob + 27u] = o6.w;
+        part[ob + 28u] = o7.x; part[ob + 29u] = o7.y; part[ob + 30u] = o7.z; part[ob + 31u] = o7.w;
+    }
+}
