@@ -89,7 +89,7 @@ fn gemm_planes_wide() -> LabResult<String> {
     Ok(engine::kernels::rewrite_source("gemm_planes_wide", GEMM_PLANES, &e)?)
 }
 const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
-const ATTN_STAGED: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_staged.wgsl"));
+const ATTN_STAGED: &str = engine::kernels::ATTENTION_COOP_SOURCE;
 
 // ---------------------------------------------------------------------------------------
 // Command line
@@ -1302,7 +1302,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_COOP, &no_qk)?),
             ("_staged", ", K|V staged as vec4<f16> words".to_string(), ATTN_STAGED.to_string()),
         ];
-        for (split_keys, vi) in [(384u32, 3usize), (384, 0), (384, 1), (384, 2), (192, 3)] {
+        for (split_keys, vi) in [(384u32, 3usize), (512, 3), (768, 3), (384, 0), (384, 1), (384, 2), (192, 3)] {
             let (suffix, what, vsrc) = &att_variants[vi];
             let att_coop = gpu.kernel(static_name(&format!("lab attn_coop{suffix}")), vsrc, &[r, w])?;
             let n_splits = t.div_ceil(split_keys);

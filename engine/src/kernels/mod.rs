@@ -162,6 +162,10 @@ pub const GEMM_PLANES_SOURCE: &str = concat!(
     include_str!("gemm_epilogue.wgsl"),
     include_str!("gemm_coop_emit.wgsl")
 );
+/// attention_coop.wgsl: the encoder's self-attention on cooperative matrices over head planes.
+pub const ATTENTION_COOP_SOURCE: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("attention_coop.wgsl"));
+/// Keys per split of attention_coop.wgsl (a multiple of its 32-key block): 1500 keys in 4.
+const ATTENTION_COOP_SPLIT_KEYS: u32 = 384;
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
 pub const SPLIT_F16_SOURCE: &str = include_str!("split_f16.wgsl");
 /// Rows of a gemm_planes.wgsl tile: the planes are padded to a multiple of it.
@@ -317,6 +321,19 @@ struct GemmPlanesParams {
     y_stride: u32,
     m_pad: u32,
     _pad: u32,
+}
+
+/// attention_coop.wgsl's parameters.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AttentionCoopParams {
+    tq: u32,
+    tk: u32,
+    heads: u32,
+    t_pad: u32,
+    split_keys: u32,
+    n_splits: u32,
+    _pad: [u32; 2],
 }
 
 /// split_f16.wgsl's parameters.
@@ -531,6 +548,14 @@ pub struct Kernels {
     /// The planes of the GEMM in flight, [2][rows_pad][k] f16, sized by
     /// [`Kernels::reserve_gemm_planes`] (None: gemm_coop.wgsl splits X itself).
     planes: Option<Buffer>,
+    /// The encoder's self-attention on cooperative matrices (attention_coop.wgsl), where the
+    /// device has them; `VERBATIM_ATTENTION_COOP=0` leaves it out (to compare on a device).
+    attention_coop: Option<Arc<Kernel>>,
+    /// A fused Q|K|V into f16 hi/lo head planes (split_f16.wgsl main_heads).
+    split_heads: Arc<Kernel>,
+    /// Those planes, [6][heads][t_pad][64] f16, sized by
+    /// [`Kernels::reserve_blocked_attention`] where attention_coop is there.
+    head_planes: Option<Buffer>,
     gemv: Arc<Kernel>,
     /// The GEMV for one row (a decode step), named registers instead of a row array.
     gemv_m1: Arc<Kernel>,
@@ -594,6 +619,12 @@ impl Kernels {
             },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             planes: None,
+            attention_coop: match gpu.info.coop_matrix && std::env::var("VERBATIM_ATTENTION_COOP").map_or(true, |v| v != "0") {
+                true => Some(gpu.kernel("attention_coop", ATTENTION_COOP_SOURCE, &[R, W])?),
+                false => None,
+            },
+            split_heads: gpu.kernel_entry("split_f16_heads", SPLIT_F16_SOURCE, "main_heads", &[R, W])?,
+            head_planes: None,
             gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
             gemv_stream: gpu.kernel(
                 "gemv_stream_f16",
@@ -634,6 +665,7 @@ impl Kernels {
         self.gemm_coop = None;
         self.conv_coop = None;
         self.gemm_planes = None;
+        self.attention_coop = None;
         self
     }
 
@@ -982,6 +1014,9 @@ impl Kernels {
             return rec.dispatch(&self.attention_split, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, 1], cost);
         }
         let p = bytemuck::bytes_of(&params);
+        if self.takes_attention_coop(a) {
+            return self.attention_on_coop(rec, a);
+        }
         let tiled_groups = a.tq.div_ceil(32) as u64 * a.heads as u64;
         if a.tq > ATTENTION_TILED_MIN_QUERIES
             && a.causal.is_none()
@@ -1077,17 +1112,90 @@ impl Kernels {
     /// 4 x 66 floats = 9.5 MB for tiny.en, 31.7 MB for large-v3's 20 heads). Sized by the
     /// model that loads the kernels rather than for the largest Whisper, so a small model on
     /// a small GPU does not hold the large one's buffer. A buffer already as large is kept.
-    /// Nothing where the launcher would run the tiled kernel for that shape anyway.
+    /// Nothing where the launcher would run the tiled kernel for that shape anyway. Where
+    /// the device has cooperative matrices the encoder's attention runs on attention_coop.wgsl
+    /// instead, which writes the same partials (in splits of [`ATTENTION_COOP_SPLIT_KEYS`])
+    /// and needs its head planes: both are made then, for any shape.
     pub fn reserve_blocked_attention(&mut self, gpu: &Gpu, queries: u32, heads: u32) -> Result<()> {
-        if queries.div_ceil(32) as u64 * heads as u64 >= ATTENTION_BLOCKED_MAX_TILED_GROUPS {
+        let coop = self.attention_coop.is_some();
+        if coop {
+            let bytes = 6 * heads as u64 * queries.next_multiple_of(64) as u64 * 64 * 2;
+            if !self.head_planes.as_ref().is_some_and(|b| b.size() >= bytes) {
+                self.head_planes = Some(gpu.buffer("attention head planes", bytes)?);
+            }
+        }
+        if !coop && queries.div_ceil(32) as u64 * heads as u64 >= ATTENTION_BLOCKED_MAX_TILED_GROUPS {
             return Ok(());
         }
-        let floats = queries as u64 * heads as u64 * ATTENTION_BLOCKED_SPLITS as u64 * 66;
+        let splits = ATTENTION_BLOCKED_SPLITS.max(if coop { queries.div_ceil(ATTENTION_COOP_SPLIT_KEYS) } else { 0 });
+        let floats = queries as u64 * heads as u64 * splits as u64 * 66;
         if self.blocked_partials.as_ref().is_some_and(|b| b.size() >= floats * 4) {
             return Ok(());
         }
         self.blocked_partials = Some(gpu.buffer("blocked attention partials", floats * 4)?);
         Ok(())
+    }
+
+    /// Whether [`Kernels::attention`] takes attention_coop.wgsl for `a`: many queries of
+    /// head_dim 64, no mask, the queries' own keys (tq = tk), Q, K and V side by side in one
+    /// fused buffer (the encoder's Q|K|V), and its planes and partials reserved.
+    fn takes_attention_coop(&self, a: &AttentionArgs) -> bool {
+        let hd = a.heads * a.head_dim;
+        let t_pad = a.tq.next_multiple_of(64) as u64;
+        let n_splits = a.tk.div_ceil(ATTENTION_COOP_SPLIT_KEYS) as u64;
+        self.attention_coop.is_some()
+            && a.tq > ATTENTION_TILED_MIN_QUERIES
+            && a.causal.is_none()
+            && a.head_dim == 64
+            && a.tq == a.tk
+            && std::ptr::eq(a.q.buf, a.k.buf)
+            && std::ptr::eq(a.q.buf, a.v.buf)
+            && a.q.stride == a.k.stride
+            && a.q.stride == a.v.stride
+            && a.k.off == a.q.off + hd
+            && a.v.off == a.q.off + 2 * hd
+            && self.head_planes.as_ref().is_some_and(|b| b.size() >= 6 * a.heads as u64 * t_pad * 64 * 2)
+            && self.blocked_partials.as_ref().is_some_and(|b| b.size() >= a.tq as u64 * a.heads as u64 * n_splits * 66 * 4)
+    }
+
+    /// The fused Q|K|V into head planes (split_f16.wgsl main_heads, q scaled), the key
+    /// splits on cooperative matrices (attention_coop.wgsl), then attention.wgsl's merge.
+    fn attention_on_coop(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        let (Some(kernel), Some(planes), Some(part)) = (&self.attention_coop, &self.head_planes, &self.blocked_partials) else {
+            return Err(Error::Invalid("attention on cooperative matrices without its kernel or buffers".into()));
+        };
+        let (mut params, cost) = attention_params(a)?;
+        let t_pad = a.tq.next_multiple_of(64);
+        let sp = SplitParams {
+            rows: a.tq,
+            cols: 0,
+            rows_pad: t_pad,
+            heads: a.heads,
+            x_off: a.q.off,
+            x_stride: a.q.stride,
+            scale: params.scale,
+            _pad: 0,
+        };
+        let words = 3 * a.heads as u64 * t_pad as u64 * 32;
+        let g = grid_1d(words.div_ceil(256) as u32);
+        let split_cost = Cost { bytes: a.tq as u64 * a.heads as u64 * 64 * 3 * 4 + words * 8, flops: 0 };
+        rec.dispatch(&self.split_heads, bytemuck::bytes_of(&sp), &[a.q.buf, planes], [g[0], g[1], 1], split_cost)?;
+        let n_splits = a.tk.div_ceil(ATTENTION_COOP_SPLIT_KEYS);
+        let cp = AttentionCoopParams {
+            tq: a.tq,
+            tk: a.tk,
+            heads: a.heads,
+            t_pad,
+            split_keys: ATTENTION_COOP_SPLIT_KEYS,
+            n_splits,
+            _pad: [0; 2],
+        };
+        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * 66;
+        let attn_cost = Cost { bytes: words * 8 + partials * 4, flops: cost.flops };
+        rec.dispatch(kernel, bytemuck::bytes_of(&cp), &[planes, part], [t_pad / 32, a.heads * n_splits, 1], attn_cost)?;
+        params.split_keys = ATTENTION_COOP_SPLIT_KEYS;
+        let merge_cost = Cost { bytes: partials * 4 + a.tq as u64 * a.heads as u64 * 64 * 4, flops: partials * 2 };
+        rec.dispatch(&self.attention_merge, bytemuck::bytes_of(&params), &[part, a.k.buf, a.v.buf, a.out.buf], [a.tq, a.heads, 1], merge_cost)
     }
 
     /// The register-blocked kernel (attention_blocked.wgsl) whatever the query count and

@@ -588,6 +588,71 @@ fn attention_matches_reference() {
     run_attention_with(&mut r, 20, 70, 3, 36, None, AttentionPath::Chunked);
 }
 
+/// The encoder's self-attention as the encoder calls it: Q, K and V side by side in one
+/// fused [t][3·h·64] buffer (the QKV projection's output, at a row offset), no mask. Where
+/// the device has cooperative matrices that takes attention_coop.wgsl (head planes split
+/// first, key splits of 384 merged after); elsewhere the blocked kernel. Returns the kernels
+/// dispatched, sorted.
+fn run_attention_fused(r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static str> {
+    let g = gpu();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.reserve_blocked_attention(g, t as u32, heads as u32).unwrap();
+    if let Some(part) = kern.blocked_partials.as_ref() {
+        g.fill_u32(part, NAN_BITS);
+    }
+    if let Some(planes) = kern.head_planes.as_ref() {
+        g.fill_u32(planes, NAN_BITS);
+    }
+    let (d, hd) = (64, heads * 64);
+    let (off, stride) = (5 * 3 * hd, 3 * hd); // five rows of something else first
+    let qkv = rand_vec(r, off + t * stride, 1.5);
+    let part = |c: usize| -> Vec<f32> { (0..t).flat_map(|i| qkv[off + i * stride + c * hd..off + i * stride + (c + 1) * hd].to_vec()).collect() };
+    let (q, k, v) = (part(0), part(1), part(2));
+    let qb = g.upload_f32("qkv", &qkv).unwrap();
+    let ob = poisoned(t * hd);
+    let args = AttentionArgs {
+        q: Rows::at(&qb, off, stride),
+        k: Rows::at(&qb, off + hd, stride),
+        v: Rows::at(&qb, off + 2 * hd, stride),
+        out: Rows::new(&ob, hd),
+        tq: t as u32,
+        tk: t as u32,
+        heads: heads as u32,
+        head_dim: d as u32,
+        causal: None,
+    };
+    let mut rec = g.recorder();
+    kern.attention(&mut rec, &args).unwrap();
+    let mut prof = Profile::default();
+    rec.submit(Some(&mut prof)).unwrap();
+    let got = g.read_f32(&ob, 0, t * hd).unwrap();
+    let want = ops::attention(&q, &k, &v, t, t, heads, d, None);
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "fused attention t={t} h={heads}: rel err {e}");
+    let mut ran: Vec<&'static str> = prof.stats().iter().map(|s| s.kernel).collect();
+    ran.sort_unstable();
+    ran
+}
+
+/// The encoder's self-attention on tensor cores (attention_coop.wgsl) against the CPU on the
+/// H200: a partial query tile, a partial last key block, several key splits with a short
+/// last one (1500 = 3 x 384 + 348), one head and several, planes and partials poisoned
+/// first. Where the device has no cooperative matrices (lavapipe) the same calls take the
+/// blocked kernel and are held to the same reference.
+#[test]
+fn attention_coop_matches_reference() {
+    let mut r = rng("attention_coop");
+    let coop = Kernels::load(gpu()).unwrap().attention_coop.is_some();
+    let want: &[&str] = if coop { &["attention_coop", "attention_merge", "split_f16_heads"] } else { &["attention_blocked", "attention_merge"] };
+    for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
+        assert_eq!(run_attention_fused(&mut r, t, heads), want, "t={t} heads={heads}");
+    }
+    if coop {
+        // (lavapipe: the blocked kernel on this shape is in attention_blocked_matches_reference)
+        assert_eq!(run_attention_fused(&mut r, 1500, 1), want);
+    }
+}
+
 /// The register-blocked encoder attention (head_dim 64, no causal mask), called directly so
 /// that `VERBATIM_ATTENTION_TILED` cannot send it to the tiled kernel: partial query tiles
 /// (rows past tq unwritten) and partial key blocks (keys past tk uncounted) of its 32 x 32
@@ -1224,7 +1289,7 @@ fn coop_sources_are_valid_wgsl() {
     let lab = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/coop.wgsl"));
     let gemm_direct = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/gemm_direct.wgsl"));
     let attn = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/attn_coop.wgsl"));
-    let staged = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/attn_staged.wgsl"));
+    let staged = super::ATTENTION_COOP_SOURCE;
     let split = super::SPLIT_F16_SOURCE;
     let put4 = gemm_direct.replace(
         "    emit(c00, d00, cb, lane, row0, col0);\n    emit(c01, d01, cb, lane, row0, col0 + 16u);\n    emit(c10, d10, cb, lane, row0 + 16u, col0);\n    emit(c11, d11, cb, lane, row0 + 16u, col0 + 16u);\n",

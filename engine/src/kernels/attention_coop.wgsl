@@ -1,8 +1,20 @@
-// attn_coop.wgsl with its keys and values staged in workgroup memory as vec4<f16> words,
-// the way gemm_planes.wgsl feeds the encoder GEMMs (there: 2x faster than loading the
-// fragments straight from memory). Same planes, parameters, grid, output (the partials of
-// attention.wgsl's main_merge) and arithmetic; blocks of 32 keys instead of 64 so that the
-// staged K|V (hi and lo, 18 KiB) fit beside the score and probability tiles.
+// The encoder's self-attention (head_dim 64, no mask) on cooperative matrices (tensor
+// cores), where the device has them. Q, K and V come as the f16 hi/lo head planes that
+// split_f16.wgsl's main_heads writes ([6][heads][t_pad][64]: q hi, q lo, k hi, k lo, v hi,
+// v lo; q already scaled); products exact to f32 as in gemm_coop.wgsl (hi·hi and hi·lo +
+// lo·hi in separate accumulators). A workgroup takes 32 queries of one head (2 subgroups of
+// 16) and one key split, walks its keys in blocks of 32 with an online softmax, and writes
+// the partial (m, l, Σ p v) that attention.wgsl's main_merge reads (as
+// attention_blocked.wgsl's splits do). Scores go through workgroup memory (a cooperative
+// matrix cannot be read element by element): two lanes per query take the block's max,
+// write P as f16 hi/lo and keep the running output in registers, adding each block's P·V
+// (stored from fresh accumulators) rescaled.
+//
+// K and V are staged in workgroup memory as vec4<f16> words, the way gemm_planes.wgsl feeds
+// the encoder GEMMs: kernel lab (H200, tiny.en layer, 4 key splits) 290 us against 525 with
+// the fragments loaded straight from memory (the lab's attn_coop.wgsl) and 345 for the
+// CUDA-core attention_blocked.wgsl. Blocks of 32 keys so that the staged K|V (hi and lo,
+// 18 KiB) fit beside the score and probability tiles (40 KiB in all; wgpu offers 48).
 //
 // Per block: [S = Q K^T, stored] (1) [softmax, P stored] (2) [P V, stored] (3) [lanes add
 // the block to their output; the next block's K|V staged] (4).
