@@ -88,35 +88,12 @@ fn gemm_planes_wide() -> LabResult<String> {
     let e: Vec<(&str, &str)> = edits.iter().map(|(a, b)| (*a, b.as_str())).collect();
     Ok(engine::kernels::rewrite_source("gemm_planes_wide", GEMM_PLANES, &e)?)
 }
-const ATTN_COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/attn_coop.wgsl"));
 const ATTN_STAGED: &str = engine::kernels::ATTENTION_COOP_SOURCE;
-/// attention_coop.wgsl's softmax over a block (two passes over the scores in workgroup
-/// memory) and the lab's rewrite of it: each lane's 16 scores read once into four vec4
-/// registers, the probabilities written four at a time (H200: 203 against 290 us a layer;
-/// not yet in the engine: its kernel tests and transcripts have not run on the device).
-const ATTN_SOFTMAX_TWO_PASSES: &str = r#"        var bm = NEG;
-        for (var c = 0u; c < 16u; c++) {
-            if (jb + c < j_end) {
-                bm = max(bm, s_at(sr + c));
-            }
-        }
-        bm = max(bm, subgroupShuffleXor(bm, 1u));
-        let mn = max(m, bm);
-        let alpha = exp(m - mn);
-        m = mn;
-        var ps = 0.0;
-        for (var c = 0u; c < 16u; c++) {
-            var pr = 0.0;
-            if (jb + c < j_end) {
-                pr = exp(s_at(sr + c) - mn);
-            }
-            ps += pr;
-            let ph = split_hi(pr);
-            p_hi[prow + c] = f16(ph);
-            p_lo[prow + c] = f16((pr - ph) * LO_SCALE);
-        }
-        l = l * alpha + ps;
-"#;
+/// The lab's rewrite of attention_coop.wgsl's softmax over a block (two passes over the
+/// scores in workgroup memory, from `var bm = NEG;` to `l = l * alpha + ps;`): each lane's
+/// 16 scores read once into four vec4 registers, the probabilities written four at a time
+/// (H200: 203 against 290 us a layer; not yet in the engine: its kernel tests and
+/// transcripts have not run on the device).
 const ATTN_SOFTMAX_IN_REGISTERS: &str = r#"        let lim = vec4<u32>(j_end);
         let k0 = vec4<u32>(jb) + vec4<u32>(0u, 1u, 2u, 3u);
         let in0 = k0 < lim;
@@ -144,6 +121,16 @@ const ATTN_SOFTMAX_IN_REGISTERS: &str = r#"        let lim = vec4<u32>(j_end);
         put_p4(e2, prow + 8u);
         put_p4(e3, prow + 12u);
 "#;
+/// attention_coop.wgsl with its softmax read from registers (see above).
+fn attention_coop_regs() -> LabResult<String> {
+    let s = ATTN_STAGED;
+    let (Some(a), Some(b)) = (s.find("        var bm = NEG;\n"), s.find("        l = l * alpha + ps;\n")) else {
+        return Err("attention_coop.wgsl: softmax markers not found".into());
+    };
+    let b = b + "        l = l * alpha + ps;\n".len();
+    let with_regs = format!("{}{}{}", &s[..a], ATTN_SOFTMAX_IN_REGISTERS, &s[b..]);
+    Ok(engine::kernels::rewrite_source("regs", &with_regs, &[("\n@compute @workgroup_size(64)", ATTN_PUT_P4)])?)
+}
 const ATTN_PUT_P4: &str = r#"
 // Four probabilities into the subgroup's P tile as f16 hi/lo.
 fn put_p4(e: vec4<f32>, i: u32) {
@@ -1231,14 +1218,17 @@ fn rel_check(got: &[f32], want: &[f32]) -> String {
 /// the register-blocked one that ships (attention_blocked.wgsl, in 1, 2, 4 and 8 key
 /// splits, those above one with attention.wgsl's merge timed beside), and reshapes of the tiled
 /// one (queries x key splits x chunk per workgroup; any device),
-/// then, where the device has cooperative matrices, kernels that load their operands
-/// straight from memory as f16 hi/lo planes (kernel_lab/split_f16.wgsl makes them): the
-/// attention (attn_coop.wgsl + attention.wgsl's merge, and rewrites without its P·V or its
-/// Q·K products) and the encoder GEMM (gemm_direct.wgsl) on tiny.en's shapes against the
-/// shipped ones, with rewrites that take the epilogue away, hoist every load out of the K
-/// loop (products only) or make the strides constants. What they found (H200): the GEMM
-/// is bound by loading operands into cooperative matrices, from memory or workgroup memory
-/// alike (102 us; products alone 14), and the attention by its softmax in between.
+/// then, where the device has cooperative matrices, kernels over f16 hi/lo planes
+/// (split_f16.wgsl makes them): the shipped tensor-core attention (attention_coop.wgsl +
+/// attention.wgsl's merge; rewrites without its P·V or its Q·K products, and with its
+/// softmax read from registers), and the encoder GEMM on tiny.en's shapes: the lab's
+/// gemm_direct.wgsl (every operand loaded straight from memory, with rewrites that take the
+/// epilogue away, hoist every load out of the K loop or make the strides constants) against
+/// the shipped gemm_coop.wgsl and gemm_planes.wgsl. What they found (H200): feeding the
+/// tensor cores is the cost; fragments loaded straight from memory were as slow as
+/// gemm_coop's staging (102 against 100 us; products alone 14), staged vec4<f16> words
+/// halved it (39-46), and the same staging took the attention from 525 (fragments from
+/// memory, the lab's former attn_coop.wgsl) to 290 us.
 fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResult<Vec<Row>> {
     let gpu = lab.gpu;
     let mut rows = Vec::new();
@@ -1342,42 +1332,35 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         gpu.fill_u32(&planes, 0x7e00_7e00);
         lab.run_once(&split_heads, &sbind, sgrid)?;
         let ts = timed(&mut rows, "split_f16 heads 1500x6", "Q, K, V into f16 hi/lo head planes", &split_heads, sbind, sgrid, "timing only".into())?;
+        // The shipped kernel, with its P·V or Q·K products taken out (time only), and the
+        // softmax from registers.
         let no_pv: Vec<(&str, &str)> = (0..4)
             .map(|i| [
-                "            pv(&oh0, &ol0, ah, al, vt, plane);\n",
-                "            pv(&oh1, &ol1, ah, al, vt + 16u, plane);\n",
-                "            pv(&oh2, &ol2, ah, al, vt + 32u, plane);\n",
-                "            pv(&oh3, &ol3, ah, al, vt + 48u, plane);\n",
+                "            pv(&oh0, &ol0, ah, al, t, 0u);\n",
+                "            pv(&oh1, &ol1, ah, al, t, 1u);\n",
+                "            pv(&oh2, &ol2, ah, al, t, 2u);\n",
+                "            pv(&oh3, &ol3, ah, al, t, 3u);\n",
             ][i])
             .map(|l| (l, ""))
             .collect();
         let no_qk: Vec<(&str, &str)> = [
-            "            qk(&sh, &sl, qh0, ql0, kt, plane);\n",
-            "            qk(&sh, &sl, qh1, ql1, kt + 16u, plane);\n",
-            "            qk(&sh, &sl, qh2, ql2, kt + 32u, plane);\n",
-            "            qk(&sh, &sl, qh3, ql3, kt + 48u, plane);\n",
+            "            qk(&sh, &sl, qh0, ql0, t, 0u);\n",
+            "            qk(&sh, &sl, qh1, ql1, t, 1u);\n",
+            "            qk(&sh, &sl, qh2, ql2, t, 2u);\n",
+            "            qk(&sh, &sl, qh3, ql3, t, 3u);\n",
         ]
         .iter()
         .map(|l| (*l, ""))
         .collect();
         let att_variants = [
-            ("", "".to_string(), ATTN_COOP.to_string()),
-            (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_COOP, &no_pv)?),
-            (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_COOP, &no_qk)?),
-            ("_staged", ", K|V staged as vec4<f16> words".to_string(), ATTN_STAGED.to_string()),
-            (
-                "_staged.regs",
-                ", K|V staged, each lane's 16 scores of a block read once into vec4 registers".to_string(),
-                engine::kernels::rewrite_source(
-                    "regs",
-                    ATTN_STAGED,
-                    &[(ATTN_SOFTMAX_TWO_PASSES, ATTN_SOFTMAX_IN_REGISTERS), ("\n@compute @workgroup_size(64)", ATTN_PUT_P4)],
-                )?,
-            ),
+            ("", ", shipped: K|V staged as vec4<f16> words".to_string(), ATTN_STAGED.to_string()),
+            (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_STAGED, &no_pv)?),
+            (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_STAGED, &no_qk)?),
+            (".regs", ", each lane's 16 scores of a block read once into vec4 registers".to_string(), attention_coop_regs()?),
         ];
-        for (split_keys, vi) in [(384u32, 3usize), (384, 4), (768, 3), (384, 0), (384, 1), (384, 2)] {
+        for (split_keys, vi) in [(384u32, 0usize), (384, 3), (768, 0), (384, 1), (384, 2)] {
             let (suffix, what, vsrc) = &att_variants[vi];
-            let att_coop = gpu.kernel(static_name(&format!("lab attn_coop{suffix}")), vsrc, &[r, w])?;
+            let att_coop = gpu.kernel(static_name(&format!("lab attention_coop{suffix}")), vsrc, &[r, w])?;
             let n_splits = t.div_ceil(split_keys);
             let part = gpu.buffer("lab attn partials", t as u64 * heads as u64 * n_splits as u64 * 66 * 4)?;
             let cp = lab.uniform(&[t, t, heads, t_pad, split_keys, n_splits, 0, 0]);
@@ -1390,10 +1373,10 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             gpu.fill_u32(&out, 0x7fc0_0000);
             lab.run_once(&att_coop, &cbind, cgrid)?;
             lab.run_once(&att_merge, &mbind, mgrid)?;
-            let c = if vi == 0 || vi >= 3 { rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want) } else { "timing only".into() };
+            let c = if vi == 0 || vi == 3 { rel_check(&gpu.read_f32(&out, 0, (t * d) as usize)?, &want) } else { "timing only".into() };
             let tc = timed(
                 &mut rows,
-                &format!("attn_coop{suffix} 1500x6x64 /{n_splits}"),
+                &format!("attention_coop{suffix} 1500x6x64 /{n_splits}"),
                 &format!("tensor cores, Q from memory, {n_splits} key splits{what}"),
                 &att_coop,
                 cbind,

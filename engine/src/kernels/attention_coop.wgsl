@@ -12,9 +12,10 @@
 //
 // K and V are staged in workgroup memory as vec4<f16> words, the way gemm_planes.wgsl feeds
 // the encoder GEMMs: kernel lab (H200, tiny.en layer, 4 key splits) 290 us against 525 with
-// the fragments loaded straight from memory (the lab's attn_coop.wgsl) and 345 for the
-// CUDA-core attention_blocked.wgsl. Blocks of 32 keys so that the staged K|V (hi and lo,
-// 18 KiB) fit beside the score and probability tiles (40 KiB in all; wgpu offers 48).
+// the fragments loaded straight from memory (the lab's former attn_coop.wgsl, in history at
+// 02b980c) and 345 for the CUDA-core attention_blocked.wgsl. Blocks of 32 keys so that the
+// staged K|V (hi and lo, 18 KiB) fit beside the score and probability tiles (40 KiB in all;
+// wgpu offers 48).
 //
 // Per block: [S = Q K^T, stored] (1) [softmax, P stored] (2) [P V, stored] (3) [lanes add
 // the block to their output; the next block's K|V staged] (4).

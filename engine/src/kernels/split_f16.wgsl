@@ -1,5 +1,5 @@
 // f32 activations into f16 hi/lo planes for the cooperative-matrix kernels that read them
-// (gemm_planes.wgsl; the kernel lab's gemm_direct.wgsl and attn_coop.wgsl): hi = x with the
+// (gemm_planes.wgsl, attention_coop.wgsl; the kernel lab's gemm_direct.wgsl): hi = x with the
 // low 13 mantissa bits cleared (exactly an f16), lo = (x - hi) * 2^12, as gemm_coop.wgsl
 // splits in workgroup memory. Two halves per u32 word (pack2x16float), a thread per word.
 // Runs on any device (no f16 arithmetic): the kernel tests hold it to the CPU's split.

@@ -1288,14 +1288,13 @@ fn coop_sources_are_valid_wgsl() {
     // (and the kernel lab's probes of them)
     let lab = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/coop.wgsl"));
     let gemm_direct = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/gemm_direct.wgsl"));
-    let attn = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/attn_coop.wgsl"));
     let staged = super::ATTENTION_COOP_SOURCE;
     let split = super::SPLIT_F16_SOURCE;
     let put4 = gemm_direct.replace(
         "    emit(c00, d00, cb, lane, row0, col0);\n    emit(c01, d01, cb, lane, row0, col0 + 16u);\n    emit(c10, d10, cb, lane, row0 + 16u, col0);\n    emit(c11, d11, cb, lane, row0 + 16u, col0 + 16u);\n",
         "    let blk = ((wg.y * (p.n / 64u) + wg.x) * 4u + sg) * 2048u;\n    put4(c00, c01, c10, c11, blk);\n    put4(d00, d01, d10, d11, blk + 1024u);\n",
     );
-    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, attn, staged, split, put4.as_str()].into_iter().enumerate() {
+    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()].into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
