@@ -63,7 +63,13 @@ const CHAIN_VARIANTS: &str = include_str!("kernel_lab/chain_variants.wgsl");
 const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
 const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/coop.wgsl"));
 const SPLIT_F16: &str = engine::kernels::SPLIT_F16_SOURCE;
-const GEMM_DIRECT: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/gemm_direct.wgsl"));
+const GEMM_DIRECT: &str = concat!(
+    "enable f16;\nenable wgpu_cooperative_matrix;\n",
+    include_str!("kernel_lab/gemm_direct.wgsl"),
+    include_str!("../kernels/gelu.wgsl"),
+    include_str!("../kernels/gemm_epilogue.wgsl"),
+    include_str!("../kernels/gemm_coop_emit.wgsl")
+);
 const GEMM_PLANES: &str = engine::kernels::GEMM_PLANES_SOURCE;
 
 /// gemm_planes.wgsl rewritten for 256 threads (8 subgroups) over 128x64 tiles: a workgroup
@@ -1422,7 +1428,8 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         gpu.fill_u32(&planes, 0x7e00_7e00);
         lab.run_once(&split_rows, &sbind, sgrid)?;
         let ts = timed(&mut rows, &format!("split_f16 rows {m}x{kk}"), "X into f16 hi/lo planes", &split_rows, sbind, sgrid, "timing only".into())?;
-        let dp = lab.uniform(&[m, n, kk, m_pad]);
+        // m n k flags(bias) y_off y_stride m_pad
+        let dp = lab.uniform(&[m, n, kk, 1, 0, n, m_pad, 0]);
         let dgrid = [n / 64, m_pad / 64];
         let y2 = gpu.buffer("lab gemm y2", 2 * m_pad as u64 * n as u64 * 4)?;
         // Rewrites that each take a part away (the check is then timing only).
@@ -1475,8 +1482,6 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
                 64,
             ),
         ];
-        // m n k flags(bias) y_off y_stride m_pad
-        let pp = lab.uniform(&[m, n, kk, 1, 0, n, m_pad, 0]);
         for (vname, change, vsrc, tile_rows) in &planes_variants {
             let label = format!("{vname} {m}x{n}x{kk}");
             // (the planes are padded to 64 rows: 1536 for 1500, also a multiple of 128)
@@ -1491,7 +1496,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
                     continue;
                 }
             };
-            let dbind = lab.bind(&k, &pp, &[&planes, &wb, &bb, &y2]);
+            let dbind = lab.bind(&k, &dp, &[&planes, &wb, &bb, &y2]);
             gpu.fill_u32(&y2, 0x7fc0_0000);
             lab.run_once(&k, &dbind, dgrid)?;
             let c = rel_check(&gpu.read_f32(&y2, 0, (m * n) as usize)?, &want);

@@ -1287,7 +1287,13 @@ fn coop_sources_are_valid_wgsl() {
     use wgpu::naga;
     // (and the kernel lab's probes of them)
     let lab = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/coop.wgsl"));
-    let gemm_direct = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("../bin/kernel_lab/gemm_direct.wgsl"));
+    let gemm_direct = concat!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n",
+        include_str!("../bin/kernel_lab/gemm_direct.wgsl"),
+        include_str!("gelu.wgsl"),
+        include_str!("gemm_epilogue.wgsl"),
+        include_str!("gemm_coop_emit.wgsl")
+    );
     let staged = super::ATTENTION_COOP_SOURCE;
     let split = super::SPLIT_F16_SOURCE;
     let put4 = gemm_direct.replace(

@@ -4,8 +4,11 @@
 // time staging (kernel lab: 86 of 101 us with no products at all); here the L1 cache does
 // what the staging did. Y = X W + b; k a multiple of 32, n of 64.
 
+// The engine's gelu.wgsl, gemm_epilogue.wgsl and gemm_coop_emit.wgsl (LO_SCALE, `cs`, emit)
+// are appended by the lab; the parameters are gemm_planes.wgsl's.
 struct Params {
-    m: u32, n: u32, k: u32, m_pad: u32,
+    m: u32, n: u32, k: u32, flags: u32,
+    y_off: u32, y_stride: u32, m_pad: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -13,32 +16,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> w: array<f16>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-const CS_STRIDE: u32 = 20u;
-const LO_SCALE: f32 = 4096.0;
-var<workgroup> cs: array<f32, 4u * 16u * CS_STRIDE>;
-
-fn emit(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32, row: u32, col: u32) {
-    workgroupBarrier();
-    coopStoreT(hi, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    var v: array<f32, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        v[i] = cs[cb + (e / 16u) * CS_STRIDE + e % 16u];
-    }
-    workgroupBarrier();
-    coopStoreT(lo, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        let r = row + e / 16u;
-        let c = col + e % 16u;
-        if (r < p.m) {
-            y[r * p.n + c] = v[i] + cs[cb + (e / 16u) * CS_STRIDE + e % 16u] * (1.0 / LO_SCALE) + bias[c];
-        }
-    }
-}
 
 // The lab's plain_store rewrite: four accumulators stored as they are, 16x16 blocks side
 // by side at `o` (constant strides: naga 30's SPIR-V writer panics on a cooperative store
