@@ -95,58 +95,6 @@ fn gemm_planes_wide() -> LabResult<String> {
     Ok(engine::kernels::rewrite_source("gemm_planes_wide", GEMM_PLANES, &e)?)
 }
 const ATTN_STAGED: &str = engine::kernels::ATTENTION_COOP_SOURCE;
-/// The lab's rewrite of attention_coop.wgsl's softmax over a block (two passes over the
-/// scores in workgroup memory, from `var bm = NEG;` to `l = l * alpha + ps;`): each lane's
-/// 16 scores read once into four vec4 registers, the probabilities written four at a time
-/// (H200: 203 against 290 us a layer; not yet in the engine: its kernel tests and
-/// transcripts have not run on the device).
-const ATTN_SOFTMAX_IN_REGISTERS: &str = r#"        let lim = vec4<u32>(j_end);
-        let k0 = vec4<u32>(jb) + vec4<u32>(0u, 1u, 2u, 3u);
-        let in0 = k0 < lim;
-        let in1 = k0 + vec4<u32>(4u) < lim;
-        let in2 = k0 + vec4<u32>(8u) < lim;
-        let in3 = k0 + vec4<u32>(12u) < lim;
-        let v0 = select(vec4<f32>(NEG), s4(sr), in0);
-        let v1 = select(vec4<f32>(NEG), s4(sr + 4u), in1);
-        let v2 = select(vec4<f32>(NEG), s4(sr + 8u), in2);
-        let v3 = select(vec4<f32>(NEG), s4(sr + 12u), in3);
-        let mx = max(max(v0, v1), max(v2, v3));
-        var bm = max(max(mx.x, mx.y), max(mx.z, mx.w));
-        bm = max(bm, subgroupShuffleXor(bm, 1u));
-        let mn = max(m, bm);
-        let alpha = exp(m - mn);
-        m = mn;
-        let e0 = select(vec4<f32>(0.0), exp(v0 - vec4<f32>(mn)), in0);
-        let e1 = select(vec4<f32>(0.0), exp(v1 - vec4<f32>(mn)), in1);
-        let e2 = select(vec4<f32>(0.0), exp(v2 - vec4<f32>(mn)), in2);
-        let e3 = select(vec4<f32>(0.0), exp(v3 - vec4<f32>(mn)), in3);
-        let es = (e0 + e1) + (e2 + e3);
-        l = l * alpha + ((es.x + es.y) + (es.z + es.w));
-        put_p4(e0, prow);
-        put_p4(e1, prow + 4u);
-        put_p4(e2, prow + 8u);
-        put_p4(e3, prow + 12u);
-"#;
-/// attention_coop.wgsl with its softmax read from registers (see above).
-fn attention_coop_regs() -> LabResult<String> {
-    let s = ATTN_STAGED;
-    let (Some(a), Some(b)) = (s.find("        var bm = NEG;\n"), s.find("        l = l * alpha + ps;\n")) else {
-        return Err("attention_coop.wgsl: softmax markers not found".into());
-    };
-    let b = b + "        l = l * alpha + ps;\n".len();
-    let with_regs = format!("{}{}{}", &s[..a], ATTN_SOFTMAX_IN_REGISTERS, &s[b..]);
-    Ok(engine::kernels::rewrite_source("regs", &with_regs, &[("\n@compute @workgroup_size(64)", ATTN_PUT_P4)])?)
-}
-const ATTN_PUT_P4: &str = r#"
-// Four probabilities into the subgroup's P tile as f16 hi/lo.
-fn put_p4(e: vec4<f32>, i: u32) {
-    let h = vec4<f32>(split_hi(e.x), split_hi(e.y), split_hi(e.z), split_hi(e.w));
-    let lo = (e - h) * LO_SCALE;
-    p_hi[i] = f16(h.x); p_hi[i + 1u] = f16(h.y); p_hi[i + 2u] = f16(h.z); p_hi[i + 3u] = f16(h.w);
-    p_lo[i] = f16(lo.x); p_lo[i + 1u] = f16(lo.y); p_lo[i + 2u] = f16(lo.z); p_lo[i + 3u] = f16(lo.w);
-}
-
-@compute @workgroup_size(64)"#;
 
 // ---------------------------------------------------------------------------------------
 // Command line
@@ -1338,8 +1286,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         gpu.fill_u32(&planes, 0x7e00_7e00);
         lab.run_once(&split_heads, &sbind, sgrid)?;
         let ts = timed(&mut rows, "split_f16 heads 1500x6", "Q, K, V into f16 hi/lo head planes", &split_heads, sbind, sgrid, "timing only".into())?;
-        // The shipped kernel, with its P·V or Q·K products taken out (time only), and the
-        // softmax from registers.
+        // The shipped kernel, and with its P·V or Q·K products taken out (time only).
         let no_pv: Vec<(&str, &str)> = (0..4)
             .map(|i| [
                 "            pv(&oh0, &ol0, ah, al, t, 0u);\n",
@@ -1359,12 +1306,11 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         .map(|l| (*l, ""))
         .collect();
         let att_variants = [
-            ("", ", shipped: K|V staged as vec4<f16> words".to_string(), ATTN_STAGED.to_string()),
+            ("", ", shipped: K|V staged as vec4<f16> words, softmax from registers".to_string(), ATTN_STAGED.to_string()),
             (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_STAGED, &no_pv)?),
             (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_STAGED, &no_qk)?),
-            (".regs", ", each lane's 16 scores of a block read once into vec4 registers".to_string(), attention_coop_regs()?),
         ];
-        for (split_keys, vi) in [(384u32, 0usize), (384, 3), (768, 0), (384, 1), (384, 2)] {
+        for (split_keys, vi) in [(384u32, 0usize), (768, 0), (384, 1), (384, 2)] {
             let (suffix, what, vsrc) = &att_variants[vi];
             let att_coop = gpu.kernel(static_name(&format!("lab attention_coop{suffix}")), vsrc, &[r, w])?;
             let n_splits = t.div_ceil(split_keys);
