@@ -12,8 +12,9 @@
 // lab's rewrite counting it in halves came out wrong). Exactness as gemm_coop.wgsl: hi and
 // lo products in separate accumulators, hi + lo / 2^12 at the end, then gemm_epilogue.wgsl
 // (bias, GELU, residual). Shape: 64x64 tiles of Y, 4 subgroups of 2x2 16x16 blocks, K in
-// slices of 32 loaded a slice ahead into named registers. n must be a multiple of 64, k of
-// 32 and m_pad of 64 (kernels/mod.rs falls back to gemm_coop.wgsl otherwise).
+// slices of CK (32; kernels/mod.rs `gemm_planes_source` rewrites it) loaded a slice ahead
+// into registers. n must be a multiple of 64, k of CK and m_pad of 64 (kernels/mod.rs falls
+// back to gemm_coop.wgsl otherwise).
 // `enable f16; enable wgpu_cooperative_matrix;` and gelu.wgsl are prepended,
 // gemm_epilogue.wgsl and gemm_coop_emit.wgsl (LO_SCALE, `cs`, emit) appended.
 
@@ -28,26 +29,29 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-const CK: u32 = 32u;
-const XS4: u32 = 10u; // vec4 per staged X row: CK / 4 + 2 (rows 80 bytes apart: no bank conflicts)
+const CK: u32 = 32u; // K per slice (k must be a multiple)
+const XR4: u32 = CK / 4u; // vec4 of X per row and slice
+const XS4: u32 = XR4 + 2u; // vec4 per staged X row (rows 80 bytes apart for CK 32: no bank conflicts)
 const WS4: u32 = 18u; // vec4 per staged W row: 64 / 4 + 2
+const NX: u32 = CK / 8u; // X words per thread, plane and slice (64 rows x XR4 / 128 threads)
+const NW: u32 = CK / 8u; // W words per thread and slice (CK k-rows x 16 / 128)
 // The strides the cooperative loads pass, in vec4 units (the lab's `.halves` rewrite passes
 // them in halves, in case the driver counts the other way).
 const XLD: u32 = XS4;
 const WLD: u32 = WS4;
 
-var<workgroup> xs_hi: array<vec4<f16>, 640>; // [64][XS4]
-var<workgroup> xs_lo: array<vec4<f16>, 640>;
-var<workgroup> ws: array<vec4<f16>, 576>;    // [CK][WS4]
+var<workgroup> xs_hi: array<vec4<f16>, 64u * XS4>; // [64][XS4]
+var<workgroup> xs_lo: array<vec4<f16>, 64u * XS4>;
+var<workgroup> ws: array<vec4<f16>, CK * WS4>;    // [CK][WS4]
 
-// A thread's X words of a slice: element e = lid + 128 i of 512 per plane, row e / 8,
-// vec4 column e % 8 (8 neighbouring threads read a row's 64 bytes).
+// A thread's X words of a slice: element e = lid + 128 i of 64 XR4 per plane, row e / XR4,
+// vec4 column e % XR4 (neighbouring threads read a row's contiguous bytes).
 fn xw(base: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {
     let e = lid + 128u * i;
-    return xp[base + (e / 8u) * (p.k / 4u) + k0 / 4u + e % 8u];
+    return xp[base + (e / XR4) * (p.k / 4u) + k0 / 4u + e % XR4];
 }
 
-// W words: element e of 512, k-row e / 16, vec4 column e % 16.
+// W words: element e of CK x 16, k-row e / 16, vec4 column e % 16.
 fn ww(col0: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {
     let e = lid + 128u * i;
     return w[(k0 + e / 16u) * (p.n / 4u) + col0 / 4u + e % 16u];
@@ -55,7 +59,7 @@ fn ww(col0: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {
 
 fn put_x(hi: vec4<f16>, lo: vec4<f16>, lid: u32, i: u32) {
     let e = lid + 128u * i;
-    let s = (e / 8u) * XS4 + e % 8u;
+    let s = (e / XR4) * XS4 + e % XR4;
     xs_hi[s] = hi;
     xs_lo[s] = lo;
 }
@@ -84,43 +88,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
     var d01 = coop_mat16x16<f32, C>();
     var d10 = coop_mat16x16<f32, C>();
     var d11 = coop_mat16x16<f32, C>();
-    var h0 = xw(hb, 0u, lid, 0u);
-    var h1 = xw(hb, 0u, lid, 1u);
-    var h2 = xw(hb, 0u, lid, 2u);
-    var h3 = xw(hb, 0u, lid, 3u);
-    var l0 = xw(lb, 0u, lid, 0u);
-    var l1 = xw(lb, 0u, lid, 1u);
-    var l2 = xw(lb, 0u, lid, 2u);
-    var l3 = xw(lb, 0u, lid, 3u);
-    var w0 = ww(col0, 0u, lid, 0u);
-    var w1 = ww(col0, 0u, lid, 1u);
-    var w2 = ww(col0, 0u, lid, 2u);
-    var w3 = ww(col0, 0u, lid, 3u);
+    // The next slice's words, loaded while this one is multiplied (constant indices only:
+    // the arrays stay in registers).
+    var h: array<vec4<f16>, NX>;
+    var l: array<vec4<f16>, NX>;
+    var wv: array<vec4<f16>, NW>;
+    for (var i = 0u; i < NX; i++) {
+        h[i] = xw(hb, 0u, lid, i);
+        l[i] = xw(lb, 0u, lid, i);
+    }
+    for (var i = 0u; i < NW; i++) {
+        wv[i] = ww(col0, 0u, lid, i);
+    }
     for (var k0 = 0u; k0 < p.k; k0 += CK) {
         workgroupBarrier();
-        put_x(h0, l0, lid, 0u);
-        put_x(h1, l1, lid, 1u);
-        put_x(h2, l2, lid, 2u);
-        put_x(h3, l3, lid, 3u);
-        put_w(w0, lid, 0u);
-        put_w(w1, lid, 1u);
-        put_w(w2, lid, 2u);
-        put_w(w3, lid, 3u);
+        for (var i = 0u; i < NX; i++) {
+            put_x(h[i], l[i], lid, i);
+        }
+        for (var i = 0u; i < NW; i++) {
+            put_w(wv[i], lid, i);
+        }
         workgroupBarrier();
         let k1 = k0 + CK;
         if (k1 < p.k) {
-            h0 = xw(hb, k1, lid, 0u);
-            h1 = xw(hb, k1, lid, 1u);
-            h2 = xw(hb, k1, lid, 2u);
-            h3 = xw(hb, k1, lid, 3u);
-            l0 = xw(lb, k1, lid, 0u);
-            l1 = xw(lb, k1, lid, 1u);
-            l2 = xw(lb, k1, lid, 2u);
-            l3 = xw(lb, k1, lid, 3u);
-            w0 = ww(col0, k1, lid, 0u);
-            w1 = ww(col0, k1, lid, 1u);
-            w2 = ww(col0, k1, lid, 2u);
-            w3 = ww(col0, k1, lid, 3u);
+            for (var i = 0u; i < NX; i++) {
+                h[i] = xw(hb, k1, lid, i);
+                l[i] = xw(lb, k1, lid, i);
+            }
+            for (var i = 0u; i < NW; i++) {
+                wv[i] = ww(col0, k1, lid, i);
+            }
         }
         for (var kk = 0u; kk < CK; kk += 16u) {
             let b0 = coopLoadT<coop_mat16x16<f16, B>>(&ws[kk * WS4 + sc / 4u], WLD);

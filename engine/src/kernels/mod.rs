@@ -170,6 +170,21 @@ const ATTENTION_COOP_SPLIT_KEYS: u32 = 384;
 pub const SPLIT_F16_SOURCE: &str = include_str!("split_f16.wgsl");
 /// Rows of a gemm_planes.wgsl tile: the planes are padded to a multiple of it.
 const GEMM_PLANES_ROWS: u32 = 64;
+/// K per slice of the engine's gemm_planes.wgsl (see [`gemm_planes_source`]): its GEMMs take
+/// K a multiple of it.
+pub const GEMM_PLANES_CK: u32 = 32;
+
+/// gemm_planes.wgsl with K slices of `ck` (32 as written, or 64: twice the words in flight
+/// per thread and half the barriers, 33 KB of workgroup memory).
+pub fn gemm_planes_source(ck: u32) -> Result<String> {
+    if ck == 32 {
+        return Ok(GEMM_PLANES_SOURCE.to_string());
+    }
+    if ck != 64 {
+        return Err(Error::Invalid(format!("gemm_planes: slices of {ck} (32 or 64)")));
+    }
+    rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &[("const CK: u32 = 32u;", "const CK: u32 = 64u;")])
+}
 
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
@@ -347,7 +362,7 @@ struct SplitParams {
     x_off: u32,
     x_stride: u32,
     scale: f32,
-    _pad: u32,
+    eps: f32,
 }
 
 #[repr(C)]
@@ -543,8 +558,13 @@ pub struct Kernels {
     /// the device has cooperative matrices; `VERBATIM_GEMM_PLANES=0` leaves it out (to
     /// compare on a device).
     gemm_planes: Option<Arc<Kernel>>,
+    /// Its K slice (32 or 64, [`gemm_planes_source`]): [`GEMM_PLANES_CK`], or
+    /// `VERBATIM_GEMM_PLANES_CK` (to compare on a device).
+    planes_ck: u32,
     /// f32 rows into f16 hi/lo planes (split_f16.wgsl), for gemm_planes.
     split_planes: Arc<Kernel>,
+    /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
+    norm_planes: Arc<Kernel>,
     /// The planes of the GEMM in flight, [2][rows_pad][k] f16, sized by
     /// [`Kernels::reserve_gemm_planes`] (None: gemm_coop.wgsl splits X itself).
     planes: Option<Buffer>,
@@ -602,6 +622,10 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
+        let planes_ck = match std::env::var("VERBATIM_GEMM_PLANES_CK") {
+            Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMM_PLANES_CK={v}: 32 or 64")))?,
+            _ => GEMM_PLANES_CK,
+        };
         Ok(Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
@@ -614,10 +638,12 @@ impl Kernels {
                 false => None,
             },
             gemm_planes: match gpu.info.coop_matrix && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel("gemm_planes_f16", GEMM_PLANES_SOURCE, &[R, R, R, W])?),
+                true => Some(gpu.kernel("gemm_planes_f16", &gemm_planes_source(planes_ck)?, &[R, R, R, W])?),
                 false => None,
             },
+            planes_ck,
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
+            norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
             planes: None,
             attention_coop: match gpu.info.coop_matrix && std::env::var("VERBATIM_ATTENTION_COOP").map_or(true, |v| v != "0") {
                 true => Some(gpu.kernel("attention_coop", ATTENTION_COOP_SOURCE, &[R, W])?),
@@ -678,6 +704,21 @@ impl Kernels {
             _ => return Err(Error::Invalid(format!("gemv_stream: {slices} K slices (32 or 64)"))),
         };
         self.gemv_stream = gpu.kernel(name, &gemv_stream_source(slices)?, &[Access::Read, Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite])?;
+        Ok(self)
+    }
+
+    /// The same kernels with gemm_planes.wgsl built for K slices of `ck` (32 or 64), where the
+    /// device has it (tests hold both to the CPU).
+    pub fn with_planes_slices(mut self, gpu: &Gpu, ck: u32) -> Result<Kernels> {
+        if self.gemm_planes.is_some() {
+            let name = match ck {
+                32 => "gemm_planes_f16 (32-deep slices)",
+                _ => "gemm_planes_f16 (64-deep slices)",
+            };
+            let src = gemm_planes_source(ck)?;
+            self.gemm_planes = Some(gpu.kernel(name, &src, &[Access::Read, Access::Read, Access::Read, Access::ReadWrite])?);
+        }
+        self.planes_ck = ck;
         Ok(self)
     }
 
@@ -876,14 +917,83 @@ impl Kernels {
         let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
         let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
-        if let Some((kernel, planes)) = self.planes_for(m, w) {
+        if let Some((_, planes)) = self.planes_for(m, w) {
             self.split_f16_rows(rec, x, m, w.k, planes)?;
-            let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
-            let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, _pad: 0 };
-            return rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, y.buf], groups, cost);
+            return self.linear_on_planes(rec, m, w, bias, y, ep);
         }
         let kernel = self.gemm_coop.as_ref().unwrap_or(&self.gemm);
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
+    }
+
+    /// y[r] (=|+=) act(X[r] · Wᵀ + b) for `m` rows of X already in the GEMM planes
+    /// ([`Kernels::split_into_planes`], [`Kernels::layer_norm_planes`]): gemm_planes.wgsl,
+    /// where [`Kernels::uses_planes`] holds for `m` rows of `w` (an error otherwise).
+    pub fn linear_on_planes(&self, rec: &mut Recorder, m: u32, w: &F16Matrix, bias: Option<&Buffer>, y: Rows, ep: Epilogue) -> Result<()> {
+        let (kernel, planes) = match self.planes_for(m, w) {
+            Some(kp) if m > GEMV_MAX_ROWS => kp,
+            _ => return Err(Error::Invalid(format!("linear_on_planes: {m} rows of {} x {} do not take the planes GEMM", w.k, w.n))),
+        };
+        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
+            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
+        let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
+        let b = bias.unwrap_or(&self.zero);
+        let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
+        let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
+        let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, _pad: 0 };
+        rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, y.buf], groups, cost)
+    }
+
+    /// `rows` rows of X (width `cols`) into the GEMM planes, for the
+    /// [`Kernels::linear_on_planes`] after it (several may read one split).
+    pub fn split_into_planes(&self, rec: &mut Recorder, x: Rows, rows: u32, cols: u32) -> Result<()> {
+        let planes = self.planes.as_ref().ok_or_else(|| Error::Invalid("split_into_planes: no GEMM planes reserved".into()))?;
+        self.split_f16_rows(rec, x, rows, cols, planes)
+    }
+
+    /// LayerNorm of `rows` rows of width `cols` (contiguous from `x_off`) written straight
+    /// into the GEMM planes (split_f16.wgsl main_norm_rows: the values layernorm.wgsl
+    /// computes, split), for the [`Kernels::linear_on_planes`] after it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_planes(
+        &self,
+        rec: &mut Recorder,
+        x: &Buffer,
+        x_off: u32,
+        rows: u32,
+        cols: u32,
+        gamma: &Buffer,
+        beta: &Buffer,
+        eps: f32,
+    ) -> Result<()> {
+        let planes = self.planes.as_ref().ok_or_else(|| Error::Invalid("layer_norm_planes: no GEMM planes reserved".into()))?;
+        self.layer_norm_f16_rows(rec, x, x_off, rows, cols, gamma, beta, eps, planes)
+    }
+
+    /// LayerNorm of `rows` rows of width `cols` into f16 hi/lo planes in `out`, laid out as
+    /// [`Kernels::split_f16_rows`] writes them (padding rows zero).
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_f16_rows(
+        &self,
+        rec: &mut Recorder,
+        x: &Buffer,
+        x_off: u32,
+        rows: u32,
+        cols: u32,
+        gamma: &Buffer,
+        beta: &Buffer,
+        eps: f32,
+        planes: &Buffer,
+    ) -> Result<()> {
+        let rows_pad = rows.next_multiple_of(GEMM_PLANES_ROWS);
+        let words = rows_pad as u64 * cols as u64 / 2;
+        if !cols.is_multiple_of(2) || words * 8 > planes.size() {
+            return Err(Error::Invalid(format!("layer_norm_planes: {rows} x {cols} does not fit {} bytes in f16 pairs", planes.size())));
+        }
+        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off, x_stride: cols, scale: 1.0, eps };
+        let g = grid_1d(rows_pad);
+        let cost = Cost { bytes: rows as u64 * cols as u64 * 8 + cols as u64 * 8 + words * 8, flops: rows as u64 * cols as u64 * 8 };
+        rec.dispatch(&self.norm_planes, bytemuck::bytes_of(&sp), &[x, planes, gamma, beta], [g[0], g[1], 1], cost)
     }
 
     /// `rows` rows of width `cols` (even) into f16 hi and lo planes in `out`,
@@ -895,7 +1005,7 @@ impl Kernels {
         if !cols.is_multiple_of(2) || words * 8 > out.size() {
             return Err(Error::Invalid(format!("split_f16: {rows} x {cols} does not fit {} bytes in f16 pairs", out.size())));
         }
-        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off: x.off, x_stride: x.stride, scale: 1.0, _pad: 0 };
+        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off: x.off, x_stride: x.stride, scale: 1.0, eps: 0.0 };
         let g = grid_1d((words as u32).div_ceil(256));
         let cost = Cost { bytes: rows as u64 * cols as u64 * 4 + words * 8, flops: 0 };
         rec.dispatch(&self.split_planes, bytemuck::bytes_of(&sp), &[x.buf, out], [g[0], g[1], 1], cost)
@@ -924,12 +1034,12 @@ impl Kernels {
     }
 
     /// gemm_planes.wgsl and the planes buffer where they take `m` rows of `w`: n a multiple
-    /// of the 64-column tile, k of the 32-deep slice (no bounds checks inside), and planes
+    /// of the 64-column tile, k of the slice depth (no bounds checks inside), and planes
     /// reserved for that many rows and columns.
     fn planes_for(&self, m: u32, w: &F16Matrix) -> Option<(&Arc<Kernel>, &Buffer)> {
         let (kernel, planes) = (self.gemm_planes.as_ref()?, self.planes.as_ref()?);
         let bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.k as u64 * 2;
-        (w.n.is_multiple_of(64) && w.k.is_multiple_of(32) && bytes <= planes.size()).then_some((kernel, planes))
+        (w.n.is_multiple_of(64) && w.k.is_multiple_of(self.planes_ck) && bytes <= planes.size()).then_some((kernel, planes))
     }
 
     /// Kernel-3, padding-1 convolution as a GEMM over an in-place im2col view:
@@ -1174,7 +1284,7 @@ impl Kernels {
             x_off: a.q.off,
             x_stride: a.q.stride,
             scale: params.scale,
-            _pad: 0,
+            eps: 0.0,
         };
         let words = 3 * a.heads as u64 * t_pad as u64 * 32;
         let g = grid_1d(words.div_ceil(256) as u32);

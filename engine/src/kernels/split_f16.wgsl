@@ -8,15 +8,20 @@
 //             rows past `rows` are zero, so consumers read whole 16-row tiles unchecked.
 // main_heads: a fused Q|K|V [rows][3 heads 64] -> [6][heads][rows_pad][64] (q hi, q lo,
 //             k hi, k lo, v hi, v lo), q multiplied by `scale`.
+// main_norm_rows: LayerNorm(X) (gamma, beta, eps), split as main_rows: the LayerNorm before
+//             a linear layer writes the GEMM's planes itself (one dispatch instead of two).
+//             Its arithmetic is layernorm.wgsl's, step for step (the same values).
 
 struct Params {
     rows: u32, cols: u32, rows_pad: u32, heads: u32,
-    x_off: u32, x_stride: u32, scale: f32, _p0: u32,
+    x_off: u32, x_stride: u32, scale: f32, eps: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@group(0) @binding(3) var<storage, read> gamma: array<f32>; // main_norm_rows only
+@group(0) @binding(4) var<storage, read> beta: array<f32>;
 
 const LO_SCALE: f32 = 4096.0;
 
@@ -80,4 +85,61 @@ fn main_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let w = split_pair(a, b);
     out[2u * which * plane + j] = w.x;
     out[(2u * which + 1u) * plane + j] = w.y;
+}
+
+// As layernorm.wgsl: 128 threads per row, the same partial sums and tree.
+const WG: u32 = 128u;
+var<workgroup> red: array<f32, WG>;
+
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st / 2u) {
+        if (lid < st) {
+            red[lid] += red[lid + st];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+// One workgroup per row of the padded planes (rows_pad of them; x_stride is the row width).
+@compute @workgroup_size(128)
+fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wg.x + wg.y * 32768u;
+    if (row >= p.rows_pad) {
+        return;
+    }
+    let half_cols = p.cols / 2u;
+    let plane = p.rows_pad * half_cols;
+    let ob = row * half_cols;
+    if (row >= p.rows) {
+        for (var j = lid; j < half_cols; j += WG) {
+            out[ob + j] = 0u;
+            out[plane + ob + j] = 0u;
+        }
+        return;
+    }
+    let xb = p.x_off + row * p.x_stride;
+    var s = 0.0;
+    for (var c = lid; c < p.cols; c += WG) {
+        s += x[xb + c];
+    }
+    let mean = reduce_sum(s, lid) / f32(p.cols);
+    var q = 0.0;
+    for (var c = lid; c < p.cols; c += WG) {
+        let d = x[xb + c] - mean;
+        q += d * d;
+    }
+    let inv = inverseSqrt(reduce_sum(q, lid) / f32(p.cols) + p.eps);
+    for (var j = lid; j < half_cols; j += WG) {
+        let c = 2u * j;
+        let a = (x[xb + c] - mean) * inv * gamma[c] + beta[c];
+        let b = (x[xb + c + 1u] - mean) * inv * gamma[c + 1u] + beta[c + 1u];
+        let w = split_pair(a, b);
+        out[ob + j] = w.x;
+        out[plane + ob + j] = w.y;
+    }
 }

@@ -313,7 +313,7 @@ fn linear_gemm_matches_reference() {
 }
 
 /// The linear layers' tensor-core GEMM over pre-split planes (split_f16.wgsl +
-/// gemm_planes.wgsl): every epilogue, ragged row counts, several tiles and K slices, and
+/// gemm_planes.wgsl), with 32- and 64-deep K slices: every epilogue, ragged row counts, several tiles and K slices, and
 /// shapes it does not take (n not a multiple of 64, more rows than the planes hold) falling
 /// back to gemm_coop.wgsl. Runs where the device has cooperative matrices (the H200);
 /// lavapipe skips it (the split itself is tested everywhere, below).
@@ -321,30 +321,35 @@ fn linear_gemm_matches_reference() {
 fn linear_gemm_on_planes_matches_reference() {
     let mut r = rng("linear_planes");
     let g = gpu();
-    let Some(mut kern) = gemm_kernels(g, true, "linear_planes") else {
-        return;
-    };
-    kern.reserve_gemm_planes(g, 300, 512).unwrap();
-    let cases = [
-        (9, 64, 32, true, false, false),
-        (67, 128, 96, true, true, false),
-        (130, 192, 64, false, false, true),
-        (203, 64, 416, true, true, true),
-        (300, 128, 512, true, false, true),
-    ];
-    for (m, n, k, bias, gelu, acc) in cases {
-        let probe = F16Matrix::from_bits(g, "probe", &vec![0u16; n * k], n, k).unwrap();
-        assert!(kern.uses_planes(m as u32, &probe), "m={m} n={n} k={k} should take the planes GEMM");
-        run_linear_with(&kern, &mut r, m, n, k, bias, gelu, acc);
+    for ck in [32usize, 64] {
+        let Some(kern) = gemm_kernels(g, true, "linear_planes") else {
+            return;
+        };
+        let mut kern = kern.with_planes_slices(g, ck as u32).unwrap();
+        kern.reserve_gemm_planes(g, 300, 512).unwrap();
+        let cases = [
+            (9, 64, 32, true, false, false),
+            (67, 128, 96, true, true, false),
+            (130, 192, 64, false, false, true),
+            (203, 64, 416, true, true, true),
+            (300, 128, 512, true, false, true),
+            (77, 64, 192, true, true, false),
+        ];
+        for (m, n, k, bias, gelu, acc) in cases {
+            let probe = F16Matrix::from_bits(g, "probe", &vec![0u16; n * k], n, k).unwrap();
+            // K not a multiple of the slice: the staged GEMM instead, still right.
+            assert_eq!(kern.uses_planes(m as u32, &probe), k % ck == 0, "m={m} n={n} k={k}, slices of {ck}");
+            run_linear_with(&kern, &mut r, m, n, k, bias, gelu, acc);
+        }
+        // Not multiples of the tile: the staged GEMM instead, still right.
+        let odd = F16Matrix::from_bits(g, "odd", &vec![0u16; 70 * 96], 70, 96).unwrap();
+        assert!(!kern.uses_planes(33, &odd));
+        run_linear_with(&kern, &mut r, 33, 70, 96, true, false, true);
+        // More rows of that width than the planes hold: the staged GEMM.
+        let wide = F16Matrix::from_bits(g, "wide", &vec![0u16; 64 * 512], 64, 512).unwrap();
+        assert!(!kern.uses_planes(400, &wide) && kern.uses_planes(300, &wide));
+        run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
     }
-    // Not multiples of the tile: the staged GEMM instead, still right.
-    let odd = F16Matrix::from_bits(g, "odd", &vec![0u16; 70 * 96], 70, 96).unwrap();
-    assert!(!kern.uses_planes(33, &odd));
-    run_linear_with(&kern, &mut r, 33, 70, 96, true, false, true);
-    // More rows of that width than the planes hold: the staged GEMM.
-    let wide = F16Matrix::from_bits(g, "wide", &vec![0u16; 64 * 512], 64, 512).unwrap();
-    assert!(!kern.uses_planes(400, &wide) && kern.uses_planes(300, &wide));
-    run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
 }
 
 /// split_f16.wgsl's `main_rows` against the CPU: rows at an offset and stride, hi exactly x
@@ -460,6 +465,54 @@ fn layer_norm_matches_reference() {
         let want = ops::layer_norm(&x, rows, cols, &gm, &bt, 1e-5);
         let e = rel_err(&got, &want);
         assert!(e < 1e-5, "layer_norm {rows}x{cols}: rel err {e}");
+    }
+}
+
+/// split_f16.wgsl's `main_norm_rows` (the LayerNorm writing a GEMM's planes) against
+/// layernorm.wgsl's rows on the same device and the CPU: hi is the LayerNorm's value with
+/// its 13 low mantissa bits cleared, hi + lo / 2^12 within 2^-20 of it, padding rows zero
+/// (output poisoned first); rows at an offset, widths past one pass of the threads.
+#[test]
+fn layer_norm_into_planes_matches_layer_norm_rows() {
+    let mut r = rng("layer_norm_planes");
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    for &(rows, cols, off) in &[(7usize, 82usize, 0usize), (70, 384, 3 * 384), (3, 1030, 5)] {
+        let rows_pad = rows.next_multiple_of(64);
+        let x: Vec<f32> = rand_vec(&mut r, off + rows * cols, 2.0).iter().map(|v| v + 7.0).collect();
+        let gm = rand_vec(&mut r, cols, 1.5);
+        let bt = rand_vec(&mut r, cols, 0.5);
+        let (xb, gb, bb) = (g.upload_f32("x", &x).unwrap(), g.upload_f32("g", &gm).unwrap(), g.upload_f32("b", &bt).unwrap());
+        let yb = poisoned(rows * cols);
+        let words = rows_pad * cols / 2;
+        let out = g.buffer("planes", words as u64 * 8).unwrap();
+        g.fill_u32(&out, 0x7e00_7e00);
+        let mut rec = g.recorder();
+        kern.layer_norm(&mut rec, &xb, off as u32, rows as u32, cols as u32, &gb, &bb, &yb, 0, 1e-5).unwrap();
+        kern.layer_norm_f16_rows(&mut rec, &xb, off as u32, rows as u32, cols as u32, &gb, &bb, 1e-5, &out).unwrap();
+        rec.submit(None).unwrap();
+        let rows_f32 = g.read_f32(&yb, 0, rows * cols).unwrap();
+        let want = ops::layer_norm(&x[off..], rows, cols, &gm, &bt, 1e-5);
+        let e = rel_err(&rows_f32, &want);
+        assert!(e < 1e-5, "layer_norm {rows}x{cols}: rel err {e}");
+        let got: Vec<u32> = bytemuck::cast_slice(&g.read(&out, 0, words as u64 * 8).unwrap()).to_vec();
+        let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32();
+        for row in 0..rows_pad {
+            for c in 0..cols {
+                let (wi, hi_i) = (row * cols / 2 + c / 2, c % 2);
+                let (h, l) = (half(got[wi], hi_i), half(got[words + wi], hi_i));
+                if row >= rows {
+                    assert!(h == 0.0 && l == 0.0, "padding row {row} col {c}: {h} {l}");
+                    continue;
+                }
+                let v = rows_f32[row * cols + c];
+                let back = h as f64 + l as f64 / 4096.0;
+                assert!(
+                    (back - v as f64).abs() <= v.abs() as f64 * 2f64.powi(-20),
+                    "{rows}x{cols} row {row} col {c}: LayerNorm {v} split into {h} + {l} / 4096"
+                );
+            }
+        }
     }
 }
 
@@ -1300,7 +1353,8 @@ fn coop_sources_are_valid_wgsl() {
         "    emit(c00, d00, cb, lane, row0, col0);\n    emit(c01, d01, cb, lane, row0, col0 + 16u);\n    emit(c10, d10, cb, lane, row0 + 16u, col0);\n    emit(c11, d11, cb, lane, row0 + 16u, col0 + 16u);\n",
         "    let blk = ((wg.y * (p.n / 64u) + wg.x) * 4u + sg) * 2048u;\n    put4(c00, c01, c10, c11, blk);\n    put4(d00, d01, d10, d11, blk + 1024u);\n",
     );
-    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()].into_iter().enumerate() {
+    let planes64 = super::gemm_planes_source(64).unwrap();
+    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, planes64.as_str(), lab, gemm_direct, staged, split, put4.as_str()].into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())

@@ -635,11 +635,25 @@ impl GpuWhisper {
         let (du, f) = (d as usize, self.dims.ffn);
         // The GEMMs under stages of their own ("encoder qkv", ...): they share one kernel,
         // and the per-kernel table then times each shape apart.
-        for l in &self.enc_layers {
-            k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &l.attn_norm.gamma, &l.attn_norm.beta, &self.enc_xn, 0, LN_EPS)?;
-            rec.stage("encoder qkv");
-            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.qkv.w, Some(&l.qkv.b), Rows::new(&self.enc_qkv, 3 * du), plain)?;
+        // y (=|+=) act(LayerNorm(x) Wᵀ + b): where the GEMM runs over f16 planes, the
+        // LayerNorm writes them (one dispatch, not a LayerNorm and a split).
+        // (`VERBATIM_NORM_PLANES=0`: a LayerNorm and a split, to compare on a device)
+        let into_planes = std::env::var("VERBATIM_NORM_PLANES").map_or(true, |v| v != "0");
+        let norm_linear = |rec: &mut Recorder, norm: &Norm, lin: &Linear, y: Rows, ep: Epilogue, stage: &'static str| -> Result<()> {
+            if into_planes && k.uses_planes(a, &lin.w) {
+                k.layer_norm_planes(rec, &self.enc_x, 0, a, d, &norm.gamma, &norm.beta, LN_EPS)?;
+                rec.stage(stage);
+                k.linear_on_planes(rec, a, &lin.w, Some(&lin.b), y, ep)?;
+            } else {
+                k.layer_norm(rec, &self.enc_x, 0, a, d, &norm.gamma, &norm.beta, &self.enc_xn, 0, LN_EPS)?;
+                rec.stage(stage);
+                k.linear(rec, Rows::new(&self.enc_xn, du), a, &lin.w, Some(&lin.b), y, ep)?;
+            }
             rec.stage("encoder");
+            Ok(())
+        };
+        for l in &self.enc_layers {
+            norm_linear(&mut rec, &l.attn_norm, &l.qkv, Rows::new(&self.enc_qkv, 3 * du), plain, "encoder qkv")?;
             k.attention(
                 &mut rec,
                 &AttentionArgs {
@@ -657,17 +671,24 @@ impl GpuWhisper {
             rec.stage("encoder out");
             k.linear(&mut rec, Rows::new(&self.enc_attn, du), a, &l.attn_out.w, Some(&l.attn_out.b), Rows::new(&self.enc_x, du), acc)?;
             rec.stage("encoder");
-            k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &l.ffn_norm.gamma, &l.ffn_norm.beta, &self.enc_xn, 0, LN_EPS)?;
-            rec.stage("encoder fc1");
-            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.fc1.w, Some(&l.fc1.b), Rows::new(&self.enc_h, f), gelu)?;
+            norm_linear(&mut rec, &l.ffn_norm, &l.fc1, Rows::new(&self.enc_h, f), gelu, "encoder fc1")?;
             rec.stage("encoder fc2");
             k.linear(&mut rec, Rows::new(&self.enc_h, f), a, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.enc_x, du), acc)?;
             rec.stage("encoder");
         }
         k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
         rec.stage("cross k|v");
+        // (the encoder's output stays in f32 rows as well: `encoder_output` reads it)
+        let one_split = into_planes && self.dec_layers.iter().all(|l| k.uses_planes(a, &l.cross_kv.w));
+        if one_split {
+            k.split_into_planes(&mut rec, Rows::new(&self.enc_xn, du), a, d)?;
+        }
         for l in &self.dec_layers {
-            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.cross_kv.w, Some(&l.cross_kv.b), Rows::new(&l.enc_kv, 2 * du), plain)?;
+            let y = Rows::new(&l.enc_kv, 2 * du);
+            match one_split {
+                true => k.linear_on_planes(&mut rec, a, &l.cross_kv.w, Some(&l.cross_kv.b), y, plain)?,
+                false => k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.cross_kv.w, Some(&l.cross_kv.b), y, plain)?,
+            }
         }
         rec.submit(Some(&mut self.profile))?;
         self.gpu.wait()
