@@ -1422,6 +1422,12 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string(), 64u32),
             ("gemm_planes_wide", "256 threads over 128x64 tiles", gemm_planes_wide()?, 128),
             (
+                "gemm_planes.ck64",
+                "64-deep K slices (twice the words in flight, half the barriers; engine: slower)",
+                engine::kernels::rewrite_source("ck64", GEMM_PLANES, &[("const CK: u32 = 32u;", "const CK: u32 = 64u;")])?,
+                64,
+            ),
+            (
                 "gemm_planes.halves",
                 "the same, cooperative-load strides in halves",
                 engine::kernels::rewrite_source("halves", GEMM_PLANES, &[("const XLD: u32 = XS4;", "const XLD: u32 = XS4 * 4u;"), ("const WLD: u32 = WS4;", "const WLD: u32 = WS4 * 4u;")])?,

@@ -12,8 +12,8 @@
 // lab's rewrite counting it in halves came out wrong). Exactness as gemm_coop.wgsl: hi and
 // lo products in separate accumulators, hi + lo / 2^12 at the end, then gemm_epilogue.wgsl
 // (bias, GELU, residual). Shape: 64x64 tiles of Y, 4 subgroups of 2x2 16x16 blocks, K in
-// slices of CK (32; kernels/mod.rs `gemm_planes_source` rewrites it) loaded a slice ahead
-// into registers. n must be a multiple of 64, k of CK and m_pad of 64 (kernels/mod.rs falls
+// slices of CK = 32 (kernels/mod.rs GEMM_PLANES_CK; 64, the kernel lab's gemm_planes.ck64,
+// measured slower in the engine: fc2 83 against 62 us) loaded a slice ahead into registers. n must be a multiple of 64, k of CK and m_pad of 64 (kernels/mod.rs falls
 // back to gemm_coop.wgsl otherwise).
 // `enable f16; enable wgpu_cooperative_matrix;` and gelu.wgsl are prepended,
 // gemm_epilogue.wgsl and gemm_coop_emit.wgsl (LO_SCALE, `cs`, emit) appended.

@@ -170,21 +170,9 @@ const ATTENTION_COOP_SPLIT_KEYS: u32 = 384;
 pub const SPLIT_F16_SOURCE: &str = include_str!("split_f16.wgsl");
 /// Rows of a gemm_planes.wgsl tile: the planes are padded to a multiple of it.
 const GEMM_PLANES_ROWS: u32 = 64;
-/// K per slice of the engine's gemm_planes.wgsl (see [`gemm_planes_source`]): its GEMMs take
-/// K a multiple of it.
+/// K per slice of gemm_planes.wgsl (its `CK`): its GEMMs take K a multiple of it. (64-deep
+/// slices measured slower on the H200: the kernel lab's gemm_planes.ck64.)
 pub const GEMM_PLANES_CK: u32 = 32;
-
-/// gemm_planes.wgsl with K slices of `ck` (32 as written, or 64: twice the words in flight
-/// per thread and half the barriers, 33 KB of workgroup memory).
-pub fn gemm_planes_source(ck: u32) -> Result<String> {
-    if ck == 32 {
-        return Ok(GEMM_PLANES_SOURCE.to_string());
-    }
-    if ck != 64 {
-        return Err(Error::Invalid(format!("gemm_planes: slices of {ck} (32 or 64)")));
-    }
-    rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &[("const CK: u32 = 32u;", "const CK: u32 = 64u;")])
-}
 
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
@@ -558,9 +546,6 @@ pub struct Kernels {
     /// the device has cooperative matrices; `VERBATIM_GEMM_PLANES=0` leaves it out (to
     /// compare on a device).
     gemm_planes: Option<Arc<Kernel>>,
-    /// Its K slice (32 or 64, [`gemm_planes_source`]): [`GEMM_PLANES_CK`], or
-    /// `VERBATIM_GEMM_PLANES_CK` (to compare on a device).
-    planes_ck: u32,
     /// f32 rows into f16 hi/lo planes (split_f16.wgsl), for gemm_planes.
     split_planes: Arc<Kernel>,
     /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
@@ -622,10 +607,6 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
-        let planes_ck = match std::env::var("VERBATIM_GEMM_PLANES_CK") {
-            Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMM_PLANES_CK={v}: 32 or 64")))?,
-            _ => GEMM_PLANES_CK,
-        };
         Ok(Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
@@ -638,10 +619,9 @@ impl Kernels {
                 false => None,
             },
             gemm_planes: match gpu.info.coop_matrix && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel("gemm_planes_f16", &gemm_planes_source(planes_ck)?, &[R, R, R, W])?),
+                true => Some(gpu.kernel("gemm_planes_f16", GEMM_PLANES_SOURCE, &[R, R, R, W])?),
                 false => None,
             },
-            planes_ck,
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
             planes: None,
@@ -704,21 +684,6 @@ impl Kernels {
             _ => return Err(Error::Invalid(format!("gemv_stream: {slices} K slices (32 or 64)"))),
         };
         self.gemv_stream = gpu.kernel(name, &gemv_stream_source(slices)?, &[Access::Read, Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite])?;
-        Ok(self)
-    }
-
-    /// The same kernels with gemm_planes.wgsl built for K slices of `ck` (32 or 64), where the
-    /// device has it (tests hold both to the CPU).
-    pub fn with_planes_slices(mut self, gpu: &Gpu, ck: u32) -> Result<Kernels> {
-        if self.gemm_planes.is_some() {
-            let name = match ck {
-                32 => "gemm_planes_f16 (32-deep slices)",
-                _ => "gemm_planes_f16 (64-deep slices)",
-            };
-            let src = gemm_planes_source(ck)?;
-            self.gemm_planes = Some(gpu.kernel(name, &src, &[Access::Read, Access::Read, Access::Read, Access::ReadWrite])?);
-        }
-        self.planes_ck = ck;
         Ok(self)
     }
 
@@ -1039,7 +1004,7 @@ impl Kernels {
     fn planes_for(&self, m: u32, w: &F16Matrix) -> Option<(&Arc<Kernel>, &Buffer)> {
         let (kernel, planes) = (self.gemm_planes.as_ref()?, self.planes.as_ref()?);
         let bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.k as u64 * 2;
-        (w.n.is_multiple_of(64) && w.k.is_multiple_of(self.planes_ck) && bytes <= planes.size()).then_some((kernel, planes))
+        (w.n.is_multiple_of(64) && w.k.is_multiple_of(GEMM_PLANES_CK) && bytes <= planes.size()).then_some((kernel, planes))
     }
 
     /// Kernel-3, padding-1 convolution as a GEMM over an in-place im2col view:

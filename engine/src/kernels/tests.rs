@@ -313,43 +313,42 @@ fn linear_gemm_matches_reference() {
 }
 
 /// The linear layers' tensor-core GEMM over pre-split planes (split_f16.wgsl +
-/// gemm_planes.wgsl), with 32- and 64-deep K slices: every epilogue, ragged row counts, several tiles and K slices, and
-/// shapes it does not take (n not a multiple of 64, more rows than the planes hold) falling
+/// gemm_planes.wgsl): every epilogue, ragged row counts, several tiles and K slices, and
+/// shapes it does not take (n not a multiple of 64, k not of the slice, more rows than the planes hold) falling
 /// back to gemm_coop.wgsl. Runs where the device has cooperative matrices (the H200);
 /// lavapipe skips it (the split itself is tested everywhere, below).
 #[test]
 fn linear_gemm_on_planes_matches_reference() {
     let mut r = rng("linear_planes");
     let g = gpu();
-    for ck in [32usize, 64] {
-        let Some(kern) = gemm_kernels(g, true, "linear_planes") else {
-            return;
-        };
-        let mut kern = kern.with_planes_slices(g, ck as u32).unwrap();
-        kern.reserve_gemm_planes(g, 300, 512).unwrap();
-        let cases = [
-            (9, 64, 32, true, false, false),
-            (67, 128, 96, true, true, false),
-            (130, 192, 64, false, false, true),
-            (203, 64, 416, true, true, true),
-            (300, 128, 512, true, false, true),
-            (77, 64, 192, true, true, false),
-        ];
-        for (m, n, k, bias, gelu, acc) in cases {
-            let probe = F16Matrix::from_bits(g, "probe", &vec![0u16; n * k], n, k).unwrap();
-            // K not a multiple of the slice: the staged GEMM instead, still right.
-            assert_eq!(kern.uses_planes(m as u32, &probe), k % ck == 0, "m={m} n={n} k={k}, slices of {ck}");
-            run_linear_with(&kern, &mut r, m, n, k, bias, gelu, acc);
-        }
-        // Not multiples of the tile: the staged GEMM instead, still right.
-        let odd = F16Matrix::from_bits(g, "odd", &vec![0u16; 70 * 96], 70, 96).unwrap();
-        assert!(!kern.uses_planes(33, &odd));
-        run_linear_with(&kern, &mut r, 33, 70, 96, true, false, true);
-        // More rows of that width than the planes hold: the staged GEMM.
-        let wide = F16Matrix::from_bits(g, "wide", &vec![0u16; 64 * 512], 64, 512).unwrap();
-        assert!(!kern.uses_planes(400, &wide) && kern.uses_planes(300, &wide));
-        run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
+    let Some(mut kern) = gemm_kernels(g, true, "linear_planes") else {
+        return;
+    };
+    kern.reserve_gemm_planes(g, 300, 512).unwrap();
+    let cases = [
+        (9, 64, 32, true, false, false),
+        (67, 128, 96, true, true, false),
+        (130, 192, 64, false, false, true),
+        (203, 64, 416, true, true, true),
+        (300, 128, 512, true, false, true),
+        (77, 64, 192, true, true, false),
+    ];
+    for (m, n, k, bias, gelu, acc) in cases {
+        let probe = F16Matrix::from_bits(g, "probe", &vec![0u16; n * k], n, k).unwrap();
+        assert!(kern.uses_planes(m as u32, &probe), "m={m} n={n} k={k} should take the planes GEMM");
+        run_linear_with(&kern, &mut r, m, n, k, bias, gelu, acc);
     }
+    // Not multiples of the tile or the slice: the staged GEMM instead, still right.
+    let odd = F16Matrix::from_bits(g, "odd", &vec![0u16; 70 * 96], 70, 96).unwrap();
+    assert!(!kern.uses_planes(33, &odd));
+    run_linear_with(&kern, &mut r, 33, 70, 96, true, false, true);
+    let ragged_k = F16Matrix::from_bits(g, "ragged k", &vec![0u16; 64 * 80], 64, 80).unwrap();
+    assert!(!kern.uses_planes(90, &ragged_k));
+    run_linear_with(&kern, &mut r, 90, 64, 80, false, true, false);
+    // More rows of that width than the planes hold: the staged GEMM.
+    let wide = F16Matrix::from_bits(g, "wide", &vec![0u16; 64 * 512], 64, 512).unwrap();
+    assert!(!kern.uses_planes(400, &wide) && kern.uses_planes(300, &wide));
+    run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
 }
 
 /// split_f16.wgsl's `main_rows` against the CPU: rows at an offset and stride, hi exactly x
@@ -1353,8 +1352,8 @@ fn coop_sources_are_valid_wgsl() {
         "    emit(c00, d00, cb, lane, row0, col0);\n    emit(c01, d01, cb, lane, row0, col0 + 16u);\n    emit(c10, d10, cb, lane, row0 + 16u, col0);\n    emit(c11, d11, cb, lane, row0 + 16u, col0 + 16u);\n",
         "    let blk = ((wg.y * (p.n / 64u) + wg.x) * 4u + sg) * 2048u;\n    put4(c00, c01, c10, c11, blk);\n    put4(d00, d01, d10, d11, blk + 1024u);\n",
     );
-    let planes64 = super::gemm_planes_source(64).unwrap();
-    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, planes64.as_str(), lab, gemm_direct, staged, split, put4.as_str()].into_iter().enumerate() {
+    assert!(super::GEMM_PLANES_SOURCE.contains(&format!("const CK: u32 = {}u;", super::GEMM_PLANES_CK)));
+    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()].into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
