@@ -1280,13 +1280,15 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             return Ok(rows);
         }
         let planes = gpu.buffer("lab head planes", 6 * heads as u64 * t_pad as u64 * 64 * 2)?;
-        let sp = lab.uniform(&[t, 0, t_pad, heads, 0, 3 * d, scale.to_bits(), 0]);
+        let sp = lab.uniform(&[t, 0, t_pad, heads, 0, 3 * d, scale.to_bits(), 0, 0, 0, 0, 0]);
         let sgrid = grid((3 * heads as u64 * t_pad as u64 * 32).div_ceil(256));
         let sbind = lab.bind(&split_heads, &sp, &[&qkvb, &planes]);
         gpu.fill_u32(&planes, 0x7e00_7e00);
         lab.run_once(&split_heads, &sbind, sgrid)?;
         let ts = timed(&mut rows, "split_f16 heads 1500x6", "Q, K, V into f16 hi/lo head planes", &split_heads, sbind, sgrid, "timing only".into())?;
-        // The shipped kernel, and with its P·V or Q·K products taken out (time only).
+        // The shipped kernel, and with parts taken out (time only): its P·V or Q·K products,
+        // the lanes' output update from each block's stored P·V, the K|V loads after the first
+        // block.
         let no_pv: Vec<(&str, &str)> = (0..4)
             .map(|i| [
                 "            pv(&oh0, &ol0, ah, al, t, 0u);\n",
@@ -1305,18 +1307,27 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         .iter()
         .map(|l| (*l, ""))
         .collect();
+        let no_o_update: Vec<(&str, &str)> = (0..8)
+            .map(|i| ["        o0 = fma(o0, vec4<f32>(alpha), s4(ob));\n", "        o1 = fma(o1, vec4<f32>(alpha), s4(ob + 4u));\n",
+                      "        o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));\n", "        o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));\n",
+                      "        o4 = fma(o4, vec4<f32>(alpha), s4(ob + 16u));\n", "        o5 = fma(o5, vec4<f32>(alpha), s4(ob + 20u));\n",
+                      "        o6 = fma(o6, vec4<f32>(alpha), s4(ob + 24u));\n", "        o7 = fma(o7, vec4<f32>(alpha), s4(ob + 28u));\n"][i])
+            .map(|l| (l, ""))
+            .collect();
         let att_variants = [
             ("", ", shipped: K|V staged as vec4<f16> words, softmax from registers".to_string(), ATTN_STAGED.to_string()),
             (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_STAGED, &no_pv)?),
             (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_STAGED, &no_qk)?),
+            (".no_o_update", " (each block's P·V stored, not added to the lanes' output)".to_string(), engine::kernels::rewrite_source("no_o_update", ATTN_STAGED, &no_o_update)?),
+            (".no_stage", " (the first block's K|V reused: no loads after it)".to_string(), engine::kernels::rewrite_source("no_stage", ATTN_STAGED, &[("            stage(j0 + BK, hb4, plane4, lid);\n", "")])?),
         ];
-        for (split_keys, vi) in [(384u32, 0usize), (768, 0), (384, 1), (384, 2)] {
+        for (split_keys, vi) in [(384u32, 0usize), (768, 0), (384, 1), (384, 2), (384, 3), (384, 4)] {
             let (suffix, what, vsrc) = &att_variants[vi];
             let att_coop = gpu.kernel(static_name(&format!("lab attention_coop{suffix}")), vsrc, &[r, w])?;
             let n_splits = t.div_ceil(split_keys);
             let part = gpu.buffer("lab attn partials", t as u64 * heads as u64 * n_splits as u64 * 66 * 4)?;
             let cp = lab.uniform(&[t, t, heads, t_pad, split_keys, n_splits, 0, 0]);
-            let cgrid = [t_pad / 32, heads * n_splits];
+            let cgrid = [t_pad / engine::kernels::ATTENTION_COOP_QUERIES, heads * n_splits];
             let cbind = lab.bind(&att_coop, &cp, &[&planes, &part]);
             let mp = att_params(split_keys);
             let mgrid = [t, heads];
@@ -1368,7 +1379,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         let tc = timed(&mut rows, &format!("gemm_coop {m}x{n}x{kk}"), "shipped: staged in workgroup memory", &gemm_coop, bind, ref_grid, String::new())?;
         rows.last_mut().unwrap().check = format!("{c}, {}", tflops(flops, tc));
 
-        let sp = lab.uniform(&[m, kk, m_pad, 0, 0, kk, 0, 0]);
+        let sp = lab.uniform(&[m, kk, m_pad, 0, 0, kk, 0, 0, 0, 0, 0, 0]);
         let sgrid = grid((m_pad as u64 * kk as u64 / 2).div_ceil(256));
         let sbind = lab.bind(&split_rows, &sp, &[&xb, &planes]);
         gpu.fill_u32(&planes, 0x7e00_7e00);

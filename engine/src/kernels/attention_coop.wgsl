@@ -2,8 +2,8 @@
 // cores), where the device has them. Q, K and V come as the f16 hi/lo head planes that
 // split_f16.wgsl's main_heads writes ([6][heads][t_pad][64]: q hi, q lo, k hi, k lo, v hi,
 // v lo; q already scaled); products exact to f32 as in gemm_coop.wgsl (hi·hi and hi·lo +
-// lo·hi in separate accumulators). A workgroup takes 32 queries of one head (2 subgroups of
-// 16) and one key split, walks its keys in blocks of 32 with an online softmax, and writes
+// lo·hi in separate accumulators). A workgroup takes QW = 16 NSG queries of one head (NSG = 4
+// subgroups of 16) and one key split, walks its keys in blocks of 32 with an online softmax, and writes
 // the partial (m, l, Σ p v) that attention.wgsl's main_merge reads (as
 // attention_blocked.wgsl's splits do). Scores go through workgroup memory (a cooperative
 // matrix cannot be read element by element): two lanes per query read their 16 scores of
@@ -15,9 +15,12 @@
 // K and V are staged in workgroup memory as vec4<f16> words, the way gemm_planes.wgsl feeds
 // the encoder GEMMs: kernel lab (H200, tiny.en layer, 4 key splits) 290 us against 525 with
 // the fragments loaded straight from memory (the lab's former attn_coop.wgsl, in history at
-// 02b980c) and 345 for the CUDA-core attention_blocked.wgsl. Blocks of 32 keys so that the
-// staged K|V (hi and lo, 18 KiB) fit beside the score and probability tiles (40 KiB in all;
-// wgpu offers 48).
+// 02b980c) and 345 for the CUDA-core attention_blocked.wgsl. Blocks of 32 keys. Four
+// subgroups share one staging of K|V (18 KiB) and each keeps a 16 x 36 score tile (the
+// block's P·V leaves through it in two rounds of 32 dims) and its P tile: 46 KiB of the 48
+// wgpu offers. H200, engine, per tiny.en layer: 146 us against 218 with 2 subgroups and one
+// 64-dim round (40 KiB; `attention_coop_source` builds that shape and 2 x 32 for the tests
+// and `VERBATIM_ATTENTION_COOP_SHAPE`); small.en 261 against 428.
 //
 // Per block: [S = Q K^T, stored] (1) [softmax, P stored] (2) [P V, stored] (3) [lanes add
 // the block to their output; the next block's K|V staged] (4).
@@ -31,7 +34,10 @@ struct Params {
 @group(0) @binding(1) var<storage, read> pl: array<vec4<f16>>; // [6][heads][t_pad][16]
 @group(0) @binding(2) var<storage, read_write> part: array<f32>;
 
-const SS: u32 = 68u; // floats per score / output row
+const NSG: u32 = 4u; // subgroups of 16 queries per workgroup (the workgroup is 32 NSG threads)
+const QW: u32 = 16u * NSG; // queries per workgroup (kernels/mod.rs ATTENTION_COOP_QUERIES)
+const OD: u32 = 32u; // output dims per P·V store round: 64 (one round) or 32 (two)
+const SS: u32 = OD + 4u; // floats per score / output row (a block's 32 scores fit either way)
 const PS: u32 = 40u; // halves per probability row
 const KS: u32 = 18u; // vec4 per staged key row (16 + 2)
 const BK: u32 = 32u; // keys per block
@@ -39,19 +45,20 @@ const NEG: f32 = -3.0e38;
 const LO_SCALE: f32 = 4096.0;
 
 var<workgroup> kv: array<vec4<f16>, 2304>; // [4: k hi, k lo, v hi, v lo][32 keys][KS]
-var<workgroup> s_hi: array<f32, 2176>; // [2 subgroups][16][SS]
-var<workgroup> s_lo: array<f32, 2176>;
-var<workgroup> p_hi: array<f16, 1280>; // [2 subgroups][16][PS]
-var<workgroup> p_lo: array<f16, 1280>;
+var<workgroup> s_hi: array<f32, NSG * 16u * SS>; // [NSG subgroups][16][SS]
+var<workgroup> s_lo: array<f32, NSG * 16u * SS>;
+var<workgroup> p_hi: array<f16, NSG * 16u * PS>; // [NSG subgroups][16][PS]
+var<workgroup> p_lo: array<f16, NSG * 16u * PS>;
 
 fn split_hi(v: f32) -> f32 {
     return bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);
 }
 
-// Keys j0..j0+31 of head h (k hi, k lo, v hi, v lo) into `kv`: 2048 words, 32 a thread.
+// Keys j0..j0+31 of head h (k hi, k lo, v hi, v lo) into `kv`: 2048 words, 2048 / (32 NSG)
+// a thread.
 fn stage(j0: u32, hb4: u32, plane4: u32, lid: u32) {
-    for (var i = 0u; i < 32u; i++) {
-        let e = lid + 64u * i; // [which 4][key 32][16 words]
+    for (var i = 0u; i < 64u / NSG; i++) {
+        let e = lid + 32u * NSG * i; // [which 4][key 32][16 words]
         let which = e / 512u;
         let key = (e / 16u) % 32u;
         let w = e % 16u;
@@ -95,14 +102,14 @@ fn put_p4(e: vec4<f32>, i: u32) {
     p_lo[i] = f16(lo.x); p_lo[i + 1u] = f16(lo.y); p_lo[i + 2u] = f16(lo.z); p_lo[i + 3u] = f16(lo.w);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32) {
     let h = wg.y / p.n_splits;
     let split = wg.y % p.n_splits;
-    let q0 = wg.x * 32u + sg * 16u;
+    let q0 = wg.x * QW + sg * 16u;
     let plane4 = p.heads * p.t_pad * 16u;
     let hb4 = h * p.t_pad * 16u;
     let qb = hb4 + q0 * 16u;
@@ -194,24 +201,50 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             pv(&oh2, &ol2, ah, al, t, 2u);
             pv(&oh3, &ol3, ah, al, t, 3u);
         }
-        coopStoreT(oh0, &s_hi[sb], SS);
-        coopStoreT(oh1, &s_hi[sb + 16u], SS);
-        coopStoreT(oh2, &s_hi[sb + 32u], SS);
-        coopStoreT(oh3, &s_hi[sb + 48u], SS);
-        coopStoreT(ol0, &s_lo[sb], SS);
-        coopStoreT(ol1, &s_lo[sb + 16u], SS);
-        coopStoreT(ol2, &s_lo[sb + 32u], SS);
-        coopStoreT(ol3, &s_lo[sb + 48u], SS);
-        workgroupBarrier();
-        let ob = rb + half_ * 32u;
-        o0 = fma(o0, vec4<f32>(alpha), s4(ob));
-        o1 = fma(o1, vec4<f32>(alpha), s4(ob + 4u));
-        o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
-        o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
-        o4 = fma(o4, vec4<f32>(alpha), s4(ob + 16u));
-        o5 = fma(o5, vec4<f32>(alpha), s4(ob + 20u));
-        o6 = fma(o6, vec4<f32>(alpha), s4(ob + 24u));
-        o7 = fma(o7, vec4<f32>(alpha), s4(ob + 28u));
+        if (OD == 64u) {
+            // One round: lane half h adds dims 32 h .. 32 h + 31.
+            coopStoreT(oh0, &s_hi[sb], SS);
+            coopStoreT(oh1, &s_hi[sb + 16u], SS);
+            coopStoreT(oh2, &s_hi[sb + 32u], SS);
+            coopStoreT(oh3, &s_hi[sb + 48u], SS);
+            coopStoreT(ol0, &s_lo[sb], SS);
+            coopStoreT(ol1, &s_lo[sb + 16u], SS);
+            coopStoreT(ol2, &s_lo[sb + 32u], SS);
+            coopStoreT(ol3, &s_lo[sb + 48u], SS);
+            workgroupBarrier();
+            let ob = rb + half_ * 32u;
+            o0 = fma(o0, vec4<f32>(alpha), s4(ob));
+            o1 = fma(o1, vec4<f32>(alpha), s4(ob + 4u));
+            o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
+            o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
+            o4 = fma(o4, vec4<f32>(alpha), s4(ob + 16u));
+            o5 = fma(o5, vec4<f32>(alpha), s4(ob + 20u));
+            o6 = fma(o6, vec4<f32>(alpha), s4(ob + 24u));
+            o7 = fma(o7, vec4<f32>(alpha), s4(ob + 28u));
+        } else {
+            // Two rounds of 32 dims (half the tile): lane half h adds dims 16 h .. 16 h + 15,
+            // then 32 + 16 h .. 32 + 16 h + 15.
+            coopStoreT(oh0, &s_hi[sb], SS);
+            coopStoreT(oh1, &s_hi[sb + 16u], SS);
+            coopStoreT(ol0, &s_lo[sb], SS);
+            coopStoreT(ol1, &s_lo[sb + 16u], SS);
+            workgroupBarrier();
+            let ob = rb + half_ * 16u;
+            o0 = fma(o0, vec4<f32>(alpha), s4(ob));
+            o1 = fma(o1, vec4<f32>(alpha), s4(ob + 4u));
+            o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
+            o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
+            workgroupBarrier();
+            coopStoreT(oh2, &s_hi[sb], SS);
+            coopStoreT(oh3, &s_hi[sb + 16u], SS);
+            coopStoreT(ol2, &s_lo[sb], SS);
+            coopStoreT(ol3, &s_lo[sb + 16u], SS);
+            workgroupBarrier();
+            o4 = fma(o4, vec4<f32>(alpha), s4(ob));
+            o5 = fma(o5, vec4<f32>(alpha), s4(ob + 4u));
+            o6 = fma(o6, vec4<f32>(alpha), s4(ob + 8u));
+            o7 = fma(o7, vec4<f32>(alpha), s4(ob + 12u));
+        }
         // (every K|V read of this block is behind the barrier above)
         if (j0 + BK < j_end) {
             stage(j0 + BK, hb4, plane4, lid);
@@ -226,14 +259,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             part[b] = m;
             part[b + 1u] = lt;
         }
-        let ob = b + 2u + half_ * 32u;
+        // o0..o3: dims d0 ..; o4..o7: dims d1 .. (see the P·V rounds above)
+        let ob = b + 2u + select(half_ * 32u, half_ * 16u, OD == 32u);
         part[ob] = o0.x; part[ob + 1u] = o0.y; part[ob + 2u] = o0.z; part[ob + 3u] = o0.w;
         part[ob + 4u] = o1.x; part[ob + 5u] = o1.y; part[ob + 6u] = o1.z; part[ob + 7u] = o1.w;
         part[ob + 8u] = o2.x; part[ob + 9u] = o2.y; part[ob + 10u] = o2.z; part[ob + 11u] = o2.w;
         part[ob + 12u] = o3.x; part[ob + 13u] = o3.y; part[ob + 14u] = o3.z; part[ob + 15u] = o3.w;
-        part[ob + 16u] = o4.x; part[ob + 17u] = o4.y; part[ob + 18u] = o4.z; part[ob + 19u] = o4.w;
-        part[ob + 20u] = o5.x; part[ob + 21u] = o5.y; part[ob + 22u] = o5.z; part[ob + 23u] = o5.w;
-        part[ob + 24u] = o6.x; part[ob + 25u] = o6.y; part[ob + 26u] = o6.z; part[ob + 27u] = o6.w;
-        part[ob + 28u] = o7.x; part[ob + 29u] = o7.y; part[ob + 30u] = o7.z; part[ob + 31u] = o7.w;
+        let oc = b + 2u + select(half_ * 32u + 16u, 32u + half_ * 16u, OD == 32u);
+        part[oc] = o4.x; part[oc + 1u] = o4.y; part[oc + 2u] = o4.z; part[oc + 3u] = o4.w;
+        part[oc + 4u] = o5.x; part[oc + 5u] = o5.y; part[oc + 6u] = o5.z; part[oc + 7u] = o5.w;
+        part[oc + 8u] = o6.x; part[oc + 9u] = o6.y; part[oc + 10u] = o6.z; part[oc + 11u] = o6.w;
+        part[oc + 12u] = o7.x; part[oc + 13u] = o7.y; part[oc + 14u] = o7.z; part[oc + 15u] = o7.w;
     }
 }

@@ -20,7 +20,7 @@
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
-    y_off: u32, y_stride: u32, m_pad: u32, _pad: u32,
+    y_off: u32, y_stride: u32, m_pad: u32, q_scale: f32, // q_scale: gemm_emit_planes.wgsl
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -162,10 +162,44 @@ pub const GEMM_PLANES_SOURCE: &str = concat!(
     include_str!("gemm_epilogue.wgsl"),
     include_str!("gemm_coop_emit.wgsl")
 );
+/// gemm_planes.wgsl writing its output as f16 hi/lo planes (gemm_emit_planes.wgsl): rows
+/// planes for the next GEMM, or a fused Q|K|V's head planes for attention_coop.wgsl.
+pub fn gemm_planes_out_source() -> Result<String> {
+    let calls = [
+        "    emit(c00, d00, cb, lane, r0, q0);\n",
+        "    emit(c01, d01, cb, lane, r0, q0 + 16u);\n",
+        "    emit(c10, d10, cb, lane, r0 + 16u, q0);\n",
+        "    emit(c11, d11, cb, lane, r0 + 16u, q0 + 16u);\n",
+    ];
+    let renamed: Vec<String> = calls.iter().map(|c| c.replace("emit(", "emit_planes(")).collect();
+    let edits: Vec<(&str, &str)> = calls.iter().zip(&renamed).map(|(a, b)| (*a, b.as_str())).collect();
+    Ok(rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &edits)? + include_str!("gemm_emit_planes.wgsl"))
+}
 /// attention_coop.wgsl: the encoder's self-attention on cooperative matrices over head planes.
 pub const ATTENTION_COOP_SOURCE: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("attention_coop.wgsl"));
 /// Keys per split of attention_coop.wgsl (a multiple of its 32-key block): 1500 keys in 4.
 const ATTENTION_COOP_SPLIT_KEYS: u32 = 384;
+/// Queries per workgroup of attention_coop.wgsl as written (its QW = 16 NSG; t_pad is a
+/// multiple of it).
+pub const ATTENTION_COOP_QUERIES: u32 = 64;
+
+/// attention_coop.wgsl with `nsg` subgroups of 16 queries per workgroup (4 as written, or 2)
+/// and its P·V leaving through the score tile `od` dims a round (32 as written: half the
+/// tile, two rounds; or 64 with 2 subgroups): 4 subgroups share one staging of K|V and fit
+/// the 48 KB of workgroup memory only with 32.
+pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
+    if !matches!((nsg, od), (2, 64) | (2, 32) | (4, 32)) {
+        return Err(Error::Invalid(format!("attention_coop: {nsg} subgroups with {od}-dim rounds (2 x 64, 2 x 32 or 4 x 32)")));
+    }
+    let n = format!("const NSG: u32 = {nsg}u;");
+    let o = format!("const OD: u32 = {od}u;");
+    let w = format!("@workgroup_size({})", 32 * nsg);
+    rewrite_source(
+        "attention_coop.wgsl",
+        ATTENTION_COOP_SOURCE,
+        &[("const NSG: u32 = 4u;", n.as_str()), ("const OD: u32 = 32u;", o.as_str()), ("@workgroup_size(128)", w.as_str())],
+    )
+}
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
 pub const SPLIT_F16_SOURCE: &str = include_str!("split_f16.wgsl");
 /// Rows of a gemm_planes.wgsl tile: the planes are padded to a multiple of it.
@@ -176,6 +210,8 @@ pub const GEMM_PLANES_CK: u32 = 32;
 
 const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
+/// gemm_emit_planes.wgsl: the output as head planes (else rows planes).
+const GEMM_FLAG_HEAD_PLANES: u32 = 32;
 const GEMM_FLAG_ACCUMULATE: u32 = 4;
 const GEMM_FLAG_CONV: u32 = 8;
 /// GEMV only: LayerNorm the input rows first (gemv.wgsl).
@@ -323,7 +359,8 @@ struct GemmPlanesParams {
     y_off: u32,
     y_stride: u32,
     m_pad: u32,
-    _pad: u32,
+    /// The q third's scale where the output is head planes (gemm_emit_planes.wgsl).
+    q_scale: f32,
 }
 
 /// attention_coop.wgsl's parameters.
@@ -351,6 +388,10 @@ struct SplitParams {
     x_stride: u32,
     scale: f32,
     eps: f32,
+    conv_cs: u32,
+    conv_ts: u32,
+    conv_stride: u32,
+    conv_tin: u32,
 }
 
 #[repr(C)]
@@ -546,16 +587,29 @@ pub struct Kernels {
     /// the device has cooperative matrices; `VERBATIM_GEMM_PLANES=0` leaves it out (to
     /// compare on a device).
     gemm_planes: Option<Arc<Kernel>>,
+    /// gemm_planes.wgsl writing f16 planes (gemm_emit_planes.wgsl), with gemm_planes.
+    gemm_planes_out: Option<Arc<Kernel>>,
+    /// The second planes buffer, as large as `planes`: one GEMM's planes output while
+    /// `planes` holds its input (fc1 -> fc2).
+    planes_out: Option<Buffer>,
     /// f32 rows into f16 hi/lo planes (split_f16.wgsl), for gemm_planes.
     split_planes: Arc<Kernel>,
     /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
     norm_planes: Arc<Kernel>,
+    /// A convolution's im2col rows into those planes (split_f16.wgsl main_conv_rows);
+    /// `VERBATIM_CONV_PLANES=0` keeps the convolutions on gemm_coop.wgsl (to compare).
+    conv_planes: Option<Arc<Kernel>>,
     /// The planes of the GEMM in flight, [2][rows_pad][k] f16, sized by
     /// [`Kernels::reserve_gemm_planes`] (None: gemm_coop.wgsl splits X itself).
     planes: Option<Buffer>,
     /// The encoder's self-attention on cooperative matrices (attention_coop.wgsl), where the
     /// device has them; `VERBATIM_ATTENTION_COOP=0` leaves it out (to compare on a device).
     attention_coop: Option<Arc<Kernel>>,
+    /// Its queries per workgroup (16 x its subgroups; [`Kernels::with_attention_coop_shape`]).
+    attention_coop_queries: u32,
+    /// Its keys per split: [`ATTENTION_COOP_SPLIT_KEYS`], or
+    /// `VERBATIM_ATTENTION_COOP_SPLIT_KEYS` (a multiple of 32, to compare on a device).
+    attention_coop_split_keys: u32,
     /// A fused Q|K|V into f16 hi/lo head planes (split_f16.wgsl main_heads).
     split_heads: Arc<Kernel>,
     /// Those planes, [6][heads][t_pad][64] f16, sized by
@@ -607,7 +661,7 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
-        Ok(Kernels {
+        let kernels = Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
             gemm_coop: match gpu.info.coop_matrix {
@@ -622,12 +676,29 @@ impl Kernels {
                 true => Some(gpu.kernel("gemm_planes_f16", GEMM_PLANES_SOURCE, &[R, R, R, W])?),
                 false => None,
             },
+            gemm_planes_out: match gpu.info.coop_matrix && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0") {
+                true => Some(gpu.kernel("gemm_planes_to_planes", &gemm_planes_out_source()?, &[R, R, R, W, W])?),
+                false => None,
+            },
+            planes_out: None,
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
+            conv_planes: match std::env::var("VERBATIM_CONV_PLANES").map_or(true, |v| v != "0") {
+                true => Some(gpu.kernel_entry("split_f16_conv", SPLIT_F16_SOURCE, "main_conv_rows", &[R, W])?),
+                false => None,
+            },
             planes: None,
             attention_coop: match gpu.info.coop_matrix && std::env::var("VERBATIM_ATTENTION_COOP").map_or(true, |v| v != "0") {
                 true => Some(gpu.kernel("attention_coop", ATTENTION_COOP_SOURCE, &[R, W])?),
                 false => None,
+            },
+            attention_coop_queries: ATTENTION_COOP_QUERIES,
+            attention_coop_split_keys: match std::env::var("VERBATIM_ATTENTION_COOP_SPLIT_KEYS") {
+                Ok(v) if !v.is_empty() => match v.parse::<u32>() {
+                    Ok(k) if k > 0 && k % 32 == 0 => k,
+                    _ => return Err(Error::Invalid(format!("VERBATIM_ATTENTION_COOP_SPLIT_KEYS={v}: a multiple of 32"))),
+                },
+                _ => ATTENTION_COOP_SPLIT_KEYS,
             },
             split_heads: gpu.kernel_entry("split_f16_heads", SPLIT_F16_SOURCE, "main_heads", &[R, W])?,
             head_planes: None,
@@ -662,7 +733,18 @@ impl Kernels {
             select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W])?,
             select_partials: gpu.buffer("select partials", SELECT_ROW_PARTIALS * SELECT_ROWS as u64 * 4)?,
             zero: gpu.buffer("zero", 16)?,
-        })
+        };
+        // `VERBATIM_ATTENTION_COOP_SHAPE=4x32` (subgroups x dims a round): another shape of
+        // attention_coop.wgsl, to compare on a device.
+        match std::env::var("VERBATIM_ATTENTION_COOP_SHAPE") {
+            Ok(v) if !v.is_empty() => {
+                let bad = || Error::Invalid(format!("VERBATIM_ATTENTION_COOP_SHAPE={v}: 2x64, 2x32 or 4x32"));
+                let (n, o) = v.split_once('x').ok_or_else(bad)?;
+                let (n, o) = (n.parse().map_err(|_| bad())?, o.parse().map_err(|_| bad())?);
+                kernels.with_attention_coop_shape(gpu, n, o)
+            }
+            _ => Ok(kernels),
+        }
     }
 
     /// The same kernels without the cooperative-matrix GEMMs (tests compare both paths on a
@@ -671,6 +753,7 @@ impl Kernels {
         self.gemm_coop = None;
         self.conv_coop = None;
         self.gemm_planes = None;
+        self.gemm_planes_out = None;
         self.attention_coop = None;
         self
     }
@@ -684,6 +767,22 @@ impl Kernels {
             _ => return Err(Error::Invalid(format!("gemv_stream: {slices} K slices (32 or 64)"))),
         };
         self.gemv_stream = gpu.kernel(name, &gemv_stream_source(slices)?, &[Access::Read, Access::Read, Access::Read, Access::Read, Access::Read, Access::ReadWrite])?;
+        Ok(self)
+    }
+
+    /// The same kernels with attention_coop.wgsl in another shape ([`attention_coop_source`]),
+    /// where the device has it (tests hold each shape to the CPU).
+    pub fn with_attention_coop_shape(mut self, gpu: &Gpu, nsg: u32, od: u32) -> Result<Kernels> {
+        let src = attention_coop_source(nsg, od)?;
+        if self.attention_coop.is_some() {
+            let name = match (nsg, od) {
+                (4, 32) => "attention_coop",
+                (2, 64) => "attention_coop (2 subgroups, 64-dim rounds)",
+                _ => "attention_coop (2 subgroups, 32-dim rounds)",
+            };
+            self.attention_coop = Some(gpu.kernel(name, &src, &[Access::Read, Access::ReadWrite])?);
+        }
+        self.attention_coop_queries = 16 * nsg;
         Ok(self)
     }
 
@@ -905,7 +1004,94 @@ impl Kernels {
         let b = bias.unwrap_or(&self.zero);
         let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
         let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
-        let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, _pad: 0 };
+        let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, q_scale: 1.0 };
+        rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, y.buf], groups, cost)
+    }
+
+    /// act(X[r] · Wᵀ + b) for `m` rows of X in the GEMM planes, written as f16 planes in turn
+    /// (gemm_emit_planes.wgsl): into the second planes buffer, for a
+    /// [`Kernels::linear_on_second_planes`] after it.
+    pub fn linear_planes_to_planes(&self, rec: &mut Recorder, m: u32, w: &F16Matrix, bias: Option<&Buffer>, gelu: bool) -> Result<()> {
+        let out = self.planes_out.as_ref().filter(|_| self.planes_to_planes(m, w));
+        let Some(out) = out else {
+            return Err(Error::Invalid(format!("linear_planes_to_planes: {m} rows of {} x {} do not fit", w.k, w.n)));
+        };
+        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS) | if gelu { GEMM_FLAG_GELU } else { 0 };
+        self.gemm_into_planes(rec, m, w, bias, flags, 1.0, out)
+    }
+
+    /// Whether [`Kernels::linear_planes_to_planes`] takes `m` rows of `w` (its input and
+    /// output both fit the planes).
+    pub fn planes_to_planes(&self, m: u32, w: &F16Matrix) -> bool {
+        let out_bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.n as u64 * 2;
+        self.uses_planes(m, w) && self.gemm_planes_out.is_some() && self.planes_out.as_ref().is_some_and(|b| b.size() >= out_bytes)
+    }
+
+    /// The fused Q|K|V projection of `m` rows of X in the GEMM planes, written as
+    /// attention_coop.wgsl's head planes (q scaled by 1/sqrt(64)) for an
+    /// [`Kernels::attention_on_head_planes`] after it: the split between goes.
+    pub fn linear_planes_to_heads(&self, rec: &mut Recorder, m: u32, heads: u32, w: &F16Matrix, bias: Option<&Buffer>) -> Result<()> {
+        if !self.qkv_to_heads(m, heads, w) {
+            return Err(Error::Invalid(format!("linear_planes_to_heads: {m} rows, {heads} heads of {} x {}", w.k, w.n)));
+        }
+        let out = self.head_planes.as_ref().ok_or_else(|| Error::Invalid("no head planes".into()))?;
+        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS) | GEMM_FLAG_HEAD_PLANES;
+        // (attention_params' scale, the one split_f16 main_heads applies)
+        self.gemm_into_planes(rec, m, w, bias, flags, 1.0 / 64f32.sqrt(), out)
+    }
+
+    /// Whether [`Kernels::linear_planes_to_heads`] and [`Kernels::attention_on_head_planes`]
+    /// take `m` rows of the encoder's self-attention with `heads` heads of 64 through `w`.
+    pub fn qkv_to_heads(&self, m: u32, heads: u32, w: &F16Matrix) -> bool {
+        let t_pad = m.next_multiple_of(64) as u64;
+        let n_splits = m.div_ceil(self.attention_coop_split_keys) as u64;
+        w.n == 3 * heads * 64
+            && m > ATTENTION_TILED_MIN_QUERIES
+            && self.uses_planes(m, w)
+            && self.gemm_planes_out.is_some()
+            && self.attention_coop.is_some()
+            && self.head_planes.as_ref().is_some_and(|b| b.size() >= 6 * heads as u64 * t_pad * 64 * 2)
+            && self.blocked_partials.as_ref().is_some_and(|b| b.size() >= m as u64 * heads as u64 * n_splits * 66 * 4)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_into_planes(&self, rec: &mut Recorder, m: u32, w: &F16Matrix, bias: Option<&Buffer>, flags: u32, q_scale: f32, out: &Buffer) -> Result<()> {
+        let (Some(kernel), Some(planes)) = (self.gemm_planes_out.as_ref(), self.planes.as_ref()) else {
+            return Err(Error::Invalid("GEMM into planes without its kernel".into()));
+        };
+        let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
+        let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), false);
+        cost.bytes = cost.bytes - m as u64 * w.n as u64 * 4 + m_pad as u64 * w.n as u64 * 4;
+        let b = bias.unwrap_or(&self.zero);
+        let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: 0, y_stride: 0, m_pad, q_scale };
+        let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
+        rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, &self.zero, out], groups, cost)
+    }
+
+    /// Whether [`Kernels::linear_on_second_planes`] takes `m` rows of `w`.
+    pub fn takes_second_planes(&self, m: u32, w: &F16Matrix) -> bool {
+        let bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.k as u64 * 2;
+        self.gemm_planes.is_some()
+            && m > GEMV_MAX_ROWS
+            && w.n.is_multiple_of(64)
+            && w.k.is_multiple_of(GEMM_PLANES_CK)
+            && self.planes_out.as_ref().is_some_and(|b| b.size() >= bytes)
+    }
+
+    /// [`Kernels::linear_on_planes`] reading the second planes buffer (what
+    /// [`Kernels::linear_planes_to_planes`] wrote).
+    pub fn linear_on_second_planes(&self, rec: &mut Recorder, m: u32, w: &F16Matrix, bias: Option<&Buffer>, y: Rows, ep: Epilogue) -> Result<()> {
+        let (Some(kernel), Some(planes)) = (self.gemm_planes.as_ref(), self.planes_out.as_ref().filter(|_| self.takes_second_planes(m, w))) else {
+            return Err(Error::Invalid(format!("linear_on_second_planes: {m} rows of {} x {} do not take the planes GEMM", w.k, w.n)));
+        };
+        let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
+            | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
+        let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
+        let b = bias.unwrap_or(&self.zero);
+        let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
+        let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
+        let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, q_scale: 1.0 };
         rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, y.buf], groups, cost)
     }
 
@@ -955,7 +1141,7 @@ impl Kernels {
         if !cols.is_multiple_of(2) || words * 8 > planes.size() {
             return Err(Error::Invalid(format!("layer_norm_planes: {rows} x {cols} does not fit {} bytes in f16 pairs", planes.size())));
         }
-        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off, x_stride: cols, scale: 1.0, eps };
+        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off, x_stride: cols, scale: 1.0, eps, conv_cs: 0, conv_ts: 0, conv_stride: 0, conv_tin: 0 };
         let g = grid_1d(rows_pad);
         let cost = Cost { bytes: rows as u64 * cols as u64 * 8 + cols as u64 * 8 + words * 8, flops: rows as u64 * cols as u64 * 8 };
         rec.dispatch(&self.norm_planes, bytemuck::bytes_of(&sp), &[x, planes, gamma, beta], [g[0], g[1], 1], cost)
@@ -970,7 +1156,7 @@ impl Kernels {
         if !cols.is_multiple_of(2) || words * 8 > out.size() {
             return Err(Error::Invalid(format!("split_f16: {rows} x {cols} does not fit {} bytes in f16 pairs", out.size())));
         }
-        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off: x.off, x_stride: x.stride, scale: 1.0, eps: 0.0 };
+        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off: x.off, x_stride: x.stride, scale: 1.0, eps: 0.0, conv_cs: 0, conv_ts: 0, conv_stride: 0, conv_tin: 0 };
         let g = grid_1d((words as u32).div_ceil(256));
         let cost = Cost { bytes: rows as u64 * cols as u64 * 4 + words * 8, flops: 0 };
         rec.dispatch(&self.split_planes, bytemuck::bytes_of(&sp), &[x.buf, out], [g[0], g[1], 1], cost)
@@ -986,10 +1172,13 @@ impl Kernels {
             return Ok(());
         }
         let bytes = 2 * rows.next_multiple_of(GEMM_PLANES_ROWS) as u64 * k as u64 * 2;
-        if self.planes.as_ref().is_some_and(|b| b.size() >= bytes) {
-            return Ok(());
+        if !self.planes.as_ref().is_some_and(|b| b.size() >= bytes) {
+            self.planes = Some(gpu.buffer("gemm planes", bytes)?);
         }
-        self.planes = Some(gpu.buffer("gemm planes", bytes)?);
+        // (and as much for a GEMM writing planes while these hold its input)
+        if self.gemm_planes_out.is_some() && !self.planes_out.as_ref().is_some_and(|b| b.size() >= bytes) {
+            self.planes_out = Some(gpu.buffer("gemm planes out", bytes)?);
+        }
         Ok(())
     }
 
@@ -1025,6 +1214,31 @@ impl Kernels {
         ep: Epilogue,
     ) -> Result<u32> {
         let t_out = (t_in + 2 - 3) / stride + 1;
+        // Where the GEMM over planes takes the shape (conv2: K = 3 x d_model): the im2col
+        // rows split into planes, then gemm_planes.wgsl.
+        if let (Some(split), Some((_, planes))) = (self.conv_planes.as_ref(), self.planes_for(t_out, w).filter(|_| t_out > GEMV_MAX_ROWS)) {
+            let rows_pad = t_out.next_multiple_of(GEMM_PLANES_ROWS);
+            let words = rows_pad as u64 * w.k as u64 / 2;
+            let sp = SplitParams {
+                rows: t_out,
+                cols: w.k,
+                rows_pad,
+                heads: 0,
+                x_off: 0,
+                x_stride: 0,
+                scale: 1.0,
+                eps: 0.0,
+                conv_cs: ch_stride,
+                conv_ts: time_stride,
+                conv_stride: stride,
+                conv_tin: t_in,
+            };
+            let g = grid_1d((words as u32).div_ceil(256));
+            let cost = Cost { bytes: (w.k as u64 / 3) * t_in as u64 * 4 + words * 8, flops: 0 };
+            rec.dispatch(split, bytemuck::bytes_of(&sp), &[input, planes], [g[0], g[1], 1], cost)?;
+            self.linear_on_planes(rec, t_out, w, Some(bias), Rows::new(out, w.n as usize), ep)?;
+            return Ok(t_out);
+        }
         let params = GemmParams {
             m: t_out,
             n: w.n,
@@ -1202,7 +1416,7 @@ impl Kernels {
         if !coop && queries.div_ceil(32) as u64 * heads as u64 >= ATTENTION_BLOCKED_MAX_TILED_GROUPS {
             return Ok(());
         }
-        let splits = ATTENTION_BLOCKED_SPLITS.max(if coop { queries.div_ceil(ATTENTION_COOP_SPLIT_KEYS) } else { 0 });
+        let splits = ATTENTION_BLOCKED_SPLITS.max(if coop { queries.div_ceil(self.attention_coop_split_keys) } else { 0 });
         let floats = queries as u64 * heads as u64 * splits as u64 * 66;
         if self.blocked_partials.as_ref().is_some_and(|b| b.size() >= floats * 4) {
             return Ok(());
@@ -1217,7 +1431,7 @@ impl Kernels {
     fn takes_attention_coop(&self, a: &AttentionArgs) -> bool {
         let hd = a.heads * a.head_dim;
         let t_pad = a.tq.next_multiple_of(64) as u64;
-        let n_splits = a.tk.div_ceil(ATTENTION_COOP_SPLIT_KEYS) as u64;
+        let n_splits = a.tk.div_ceil(self.attention_coop_split_keys) as u64;
         self.attention_coop.is_some()
             && a.tq > ATTENTION_TILED_MIN_QUERIES
             && a.causal.is_none()
@@ -1236,10 +1450,10 @@ impl Kernels {
     /// The fused Q|K|V into head planes (split_f16.wgsl main_heads, q scaled), the key
     /// splits on cooperative matrices (attention_coop.wgsl), then attention.wgsl's merge.
     fn attention_on_coop(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
-        let (Some(kernel), Some(planes), Some(part)) = (&self.attention_coop, &self.head_planes, &self.blocked_partials) else {
-            return Err(Error::Invalid("attention on cooperative matrices without its kernel or buffers".into()));
+        let Some(planes) = &self.head_planes else {
+            return Err(Error::Invalid("attention on cooperative matrices without its head planes".into()));
         };
-        let (mut params, cost) = attention_params(a)?;
+        let (params, _) = attention_params(a)?;
         let t_pad = a.tq.next_multiple_of(64);
         let sp = SplitParams {
             rows: a.tq,
@@ -1250,25 +1464,42 @@ impl Kernels {
             x_stride: a.q.stride,
             scale: params.scale,
             eps: 0.0,
+            conv_cs: 0,
+            conv_ts: 0,
+            conv_stride: 0,
+            conv_tin: 0,
         };
         let words = 3 * a.heads as u64 * t_pad as u64 * 32;
         let g = grid_1d(words.div_ceil(256) as u32);
         let split_cost = Cost { bytes: a.tq as u64 * a.heads as u64 * 64 * 3 * 4 + words * 8, flops: 0 };
         rec.dispatch(&self.split_heads, bytemuck::bytes_of(&sp), &[a.q.buf, planes], [g[0], g[1], 1], split_cost)?;
-        let n_splits = a.tk.div_ceil(ATTENTION_COOP_SPLIT_KEYS);
+        self.attention_on_head_planes(rec, a)
+    }
+
+    /// attention_coop.wgsl and the merge over head planes already written (by the split in
+    /// [`Kernels::attention`], or by [`Kernels::linear_planes_to_heads`]); `a` gives the
+    /// shape and the output (its q, k and v are not read).
+    pub fn attention_on_head_planes(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        let (Some(kernel), Some(planes), Some(part)) = (&self.attention_coop, &self.head_planes, &self.blocked_partials) else {
+            return Err(Error::Invalid("attention on cooperative matrices without its kernel or buffers".into()));
+        };
+        let (mut params, cost) = attention_params(a)?;
+        let t_pad = a.tq.next_multiple_of(64);
+        let words = 3 * a.heads as u64 * t_pad as u64 * 32;
+        let n_splits = a.tk.div_ceil(self.attention_coop_split_keys);
         let cp = AttentionCoopParams {
             tq: a.tq,
             tk: a.tk,
             heads: a.heads,
             t_pad,
-            split_keys: ATTENTION_COOP_SPLIT_KEYS,
+            split_keys: self.attention_coop_split_keys,
             n_splits,
             _pad: [0; 2],
         };
         let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * 66;
         let attn_cost = Cost { bytes: words * 8 + partials * 4, flops: cost.flops };
-        rec.dispatch(kernel, bytemuck::bytes_of(&cp), &[planes, part], [t_pad / 32, a.heads * n_splits, 1], attn_cost)?;
-        params.split_keys = ATTENTION_COOP_SPLIT_KEYS;
+        rec.dispatch(kernel, bytemuck::bytes_of(&cp), &[planes, part], [t_pad / self.attention_coop_queries, a.heads * n_splits, 1], attn_cost)?;
+        params.split_keys = self.attention_coop_split_keys;
         let merge_cost = Cost { bytes: partials * 4 + a.tq as u64 * a.heads as u64 * 64 * 4, flops: partials * 2 };
         rec.dispatch(&self.attention_merge, bytemuck::bytes_of(&params), &[part, a.k.buf, a.v.buf, a.out.buf], [a.tq, a.heads, 1], merge_cost)
     }

@@ -8,6 +8,10 @@
 //             rows past `rows` are zero, so consumers read whole 16-row tiles unchecked.
 // main_heads: a fused Q|K|V [rows][3 heads 64] -> [6][heads][rows_pad][64] (q hi, q lo,
 //             k hi, k lo, v hi, v lo), q multiplied by `scale`.
+// main_conv_rows: the im2col rows of a kernel-3 / padding-1 convolution (gemm_io.wgsl's
+//             flag 8: X[t][k] = in[ci * conv_cs + (t * conv_stride + tap - 1) * conv_ts],
+//             ci = k / 3, tap = k % 3, zero outside [0, conv_tin)), split as main_rows:
+//             the convolution as gemm_planes' GEMM.
 // main_norm_rows: LayerNorm(X) (gamma, beta, eps), split as main_rows: the LayerNorm before
 //             a linear layer writes the GEMM's planes itself (one dispatch instead of two).
 //             Its arithmetic is layernorm.wgsl's, step for step (the same values).
@@ -15,6 +19,7 @@
 struct Params {
     rows: u32, cols: u32, rows_pad: u32, heads: u32,
     x_off: u32, x_stride: u32, scale: f32, eps: f32,
+    conv_cs: u32, conv_ts: u32, conv_stride: u32, conv_tin: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -53,6 +58,37 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let s = p.x_off + r * p.x_stride + c;
         a = x[s];
         b = x[s + 1u];
+    }
+    let w = split_pair(a, b);
+    out[i] = w.x;
+    out[plane + i] = w.y;
+}
+
+// One element of the im2col view (gemm_io.wgsl's load_x with flag 8).
+fn conv_x(row: u32, col: u32) -> f32 {
+    let ci = col / 3u;
+    let t = i32(row * p.conv_stride + col % 3u) - 1;
+    if (t < 0 || u32(t) >= p.conv_tin) {
+        return 0.0;
+    }
+    return x[p.x_off + ci * p.conv_cs + u32(t) * p.conv_ts];
+}
+
+@compute @workgroup_size(256)
+fn main_conv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let i = (wg.x + wg.y * 32768u) * 256u + lid;
+    let half_cols = p.cols / 2u;
+    let plane = p.rows_pad * half_cols;
+    if (i >= plane) {
+        return;
+    }
+    let r = i / half_cols;
+    let c = 2u * (i % half_cols);
+    var a = 0.0;
+    var b = 0.0;
+    if (r < p.rows) {
+        a = conv_x(r, c);
+        b = conv_x(r, c + 1u);
     }
     let w = split_pair(a, b);
     out[i] = w.x;

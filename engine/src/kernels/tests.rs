@@ -351,6 +351,143 @@ fn linear_gemm_on_planes_matches_reference() {
     run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
 }
 
+/// Words of a planes buffer (`n` f16 pairs from `at`).
+fn plane_words(b: &wgpu::Buffer, at: usize, n: usize) -> Vec<u32> {
+    bytemuck::cast_slice(&gpu().read(b, at as u64 * 4, n as u64 * 4).unwrap()).to_vec()
+}
+
+/// gemm_emit_planes.wgsl: a GEMM writing its output as f16 planes (fc1 -> the planes fc2
+/// reads; a fused Q|K|V -> attention_coop's head planes). Against the CPU: the planes' hi +
+/// lo / 2^12 within 1e-5 of the reference GEMM (GELU, bias; q scaled), padding rows zero
+/// (outputs poisoned first). Against the f32 path they replace (GEMM into rows, then
+/// split_f16): the same words, and fc2 and the attention read from them the same bits.
+/// Runs where the device has cooperative matrices (the H200).
+#[test]
+fn gemm_into_planes_matches_reference_and_the_split() {
+    let mut r = rng("gemm_into_planes");
+    let g = gpu();
+    let Some(mut kern) = gemm_kernels(g, true, "gemm_into_planes") else {
+        return;
+    };
+    kern.reserve_gemm_planes(g, 300, 512).unwrap();
+    let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32() as f64;
+    // Rows planes: fc1 (GELU) into planes, then fc2 (residual) from them.
+    for &(m, k, n, n2) in &[(70usize, 64usize, 128usize, 64usize), (300, 96, 512, 192)] {
+        let m_pad = m.next_multiple_of(64);
+        let x = rand_vec(&mut r, m * k, 1.0);
+        let w1 = f16_round(&rand_vec(&mut r, n * k, 0.5));
+        let b1 = rand_vec(&mut r, n, 0.5);
+        let w2 = f16_round(&rand_vec(&mut r, n2 * n, 0.5));
+        let b2 = rand_vec(&mut r, n2, 0.5);
+        let y0 = rand_vec(&mut r, m * n2, 1.0);
+        let xb = g.upload_f32("x", &x).unwrap();
+        let (w1m, w2m) = (F16Matrix::from_bits(g, "w1", &f16_bits(&w1), n, k).unwrap(), F16Matrix::from_bits(g, "w2", &f16_bits(&w2), n2, n).unwrap());
+        let (b1b, b2b) = (g.upload_f32("b1", &b1).unwrap(), g.upload_f32("b2", &b2).unwrap());
+        assert!(kern.planes_to_planes(m as u32, &w1m) && kern.takes_second_planes(m as u32, &w2m));
+        let gelu = Epilogue { gelu: true, accumulate: false };
+        let acc = Epilogue { gelu: false, accumulate: true };
+        // The old path: rows, split, rows.
+        let (hb, ya, split) = (poisoned(m * n), poisoned(m * n2), g.buffer("split", (m_pad * n * 4) as u64).unwrap());
+        g.write(&ya, 0, bytemuck::cast_slice(&y0));
+        g.fill_u32(&split, NAN_BITS);
+        let mut rec = g.recorder();
+        kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &w1m, Some(&b1b), Rows::new(&hb, n), gelu).unwrap();
+        kern.split_f16_rows(&mut rec, Rows::new(&hb, n), m as u32, n as u32, &split).unwrap();
+        kern.linear(&mut rec, Rows::new(&hb, n), m as u32, &w2m, Some(&b2b), Rows::new(&ya, n2), acc).unwrap();
+        rec.submit(None).unwrap();
+        // The new one: planes, planes, rows.
+        let yb = poisoned(m * n2);
+        g.write(&yb, 0, bytemuck::cast_slice(&y0));
+        g.fill_u32(kern.planes_out.as_ref().unwrap(), NAN_BITS);
+        let mut rec = g.recorder();
+        kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
+        kern.linear_planes_to_planes(&mut rec, m as u32, &w1m, Some(&b1b), true).unwrap();
+        kern.linear_on_second_planes(&mut rec, m as u32, &w2m, Some(&b2b), Rows::new(&yb, n2), acc).unwrap();
+        rec.submit(None).unwrap();
+        let words = m_pad * n / 2;
+        let got = plane_words(kern.planes_out.as_ref().unwrap(), 0, 2 * words);
+        let want: Vec<f32> = ops::linear(&x, m, k, &w1, n, Some(&b1[..])).into_iter().map(ops::gelu).collect();
+        for row in 0..m_pad {
+            for c in 0..n {
+                let (wi, hi_i) = (row * n / 2 + c / 2, c % 2);
+                let v = half(got[wi], hi_i) + half(got[words + wi], hi_i) / 4096.0;
+                if row >= m {
+                    assert_eq!(v, 0.0, "padding row {row} col {c}");
+                } else {
+                    let w = want[row * n + c] as f64;
+                    assert!((v - w).abs() <= 1e-5 * (1.0 + w.abs()), "m={m} n={n} row {row} col {c}: {v} against {w}");
+                }
+            }
+        }
+        assert_eq!(got, plane_words(&split, 0, 2 * words), "fc1 planes against rows + split, m={m} n={n}");
+        let (old, new) = (g.read_f32(&ya, 0, m * n2).unwrap(), g.read_f32(&yb, 0, m * n2).unwrap());
+        assert!(old.iter().zip(&new).all(|(a, b)| a.to_bits() == b.to_bits()), "fc2 from planes against from rows, m={m}");
+    }
+    // Head planes: LayerNorm into planes, the fused Q|K|V into head planes, the attention.
+    for &(m, heads, k) in &[(70usize, 2usize, 64usize), (300, 3, 96)] {
+        let n = 3 * heads * 64;
+        let m_pad = m.next_multiple_of(64);
+        kern.reserve_blocked_attention(g, m as u32, heads as u32).unwrap();
+        let x = rand_vec(&mut r, m * k, 1.0);
+        let w = f16_round(&rand_vec(&mut r, n * k, 0.3));
+        let b = rand_vec(&mut r, n, 0.5);
+        let xb = g.upload_f32("x", &x).unwrap();
+        let wm = F16Matrix::from_bits(g, "wqkv", &f16_bits(&w), n, k).unwrap();
+        let bb = g.upload_f32("b", &b).unwrap();
+        assert!(kern.qkv_to_heads(m as u32, heads as u32, &wm));
+        let qkv = poisoned(m * n);
+        let args = |out| AttentionArgs {
+            q: Rows::at(&qkv, 0, n),
+            k: Rows::at(&qkv, heads * 64, n),
+            v: Rows::at(&qkv, 2 * heads * 64, n),
+            out: Rows::new(out, heads * 64),
+            tq: m as u32,
+            tk: m as u32,
+            heads: heads as u32,
+            head_dim: 64,
+            causal: None,
+        };
+        let (oa, ob) = (poisoned(m * heads * 64), poisoned(m * heads * 64));
+        let hp = kern.head_planes.as_ref().unwrap();
+        let hp_words = 3 * heads * m_pad * 32;
+        g.fill_u32(hp, NAN_BITS);
+        let mut rec = g.recorder();
+        kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &wm, Some(&bb), Rows::new(&qkv, n), Epilogue::default()).unwrap();
+        kern.attention(&mut rec, &args(&oa)).unwrap();
+        rec.submit(None).unwrap();
+        let old_planes = plane_words(hp, 0, 2 * hp_words);
+        g.fill_u32(hp, NAN_BITS);
+        let mut rec = g.recorder();
+        kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
+        kern.linear_planes_to_heads(&mut rec, m as u32, heads as u32, &wm, Some(&bb)).unwrap();
+        kern.attention_on_head_planes(&mut rec, &args(&ob)).unwrap();
+        rec.submit(None).unwrap();
+        let got = plane_words(hp, 0, 2 * hp_words);
+        let want = ops::linear(&x, m, k, &w, n, Some(&b[..]));
+        let plane = heads * m_pad * 32;
+        for which in 0..3 {
+            for h in 0..heads {
+                for row in 0..m_pad {
+                    for dd in 0..64 {
+                        let wi = 2 * which * plane + (h * m_pad + row) * 32 + dd / 2;
+                        let v = half(got[wi], dd % 2) + half(got[wi + plane], dd % 2) / 4096.0;
+                        if row >= m {
+                            assert_eq!(v, 0.0, "padding row {row}");
+                            continue;
+                        }
+                        let scale = if which == 0 { 0.125 } else { 1.0 };
+                        let w = want[row * n + (which * heads + h) * 64 + dd] as f64 * scale;
+                        assert!((v - w).abs() <= 1e-5 * (1.0 + w.abs()), "m={m} which {which} head {h} row {row} dim {dd}: {v} against {w}");
+                    }
+                }
+            }
+        }
+        assert_eq!(got, old_planes, "head planes against rows + split, m={m} heads={heads}");
+        let (a, bn) = (g.read_f32(&oa, 0, m * heads * 64).unwrap(), g.read_f32(&ob, 0, m * heads * 64).unwrap());
+        assert!(a.iter().zip(&bn).all(|(p, q)| p.to_bits() == q.to_bits()), "attention from head planes, m={m}");
+    }
+}
+
 /// split_f16.wgsl's `main_rows` against the CPU: rows at an offset and stride, hi exactly x
 /// with its 13 low mantissa bits cleared, hi + lo / 2^12 within 2^-20 of x (lo is rounded to
 /// f16's 11 bits), and the padding rows zero (output poisoned first).
@@ -397,14 +534,22 @@ fn split_f16_rows_match_the_cpu_split() {
 }
 
 fn run_conv(r: &mut StdRng, coop: bool, cin: usize, t_in: usize, cout: usize, stride: usize, time_major: bool) {
-    let g = gpu();
-    let Some(kern) = gemm_kernels(g, coop, "conv_k3") else {
+    let Some(kern) = gemm_kernels(gpu(), coop, "conv_k3") else {
         return;
     };
+    run_conv_with(&kern, r, cin, t_in, cout, stride, time_major, false);
+}
+
+/// The kernels that ran, sorted.
+#[allow(clippy::too_many_arguments)]
+fn run_conv_with(kern: &Kernels, r: &mut StdRng, cin: usize, t_in: usize, cout: usize, stride: usize, time_major: bool, accumulate: bool) -> Vec<&'static str> {
+    let g = gpu();
+    let coop = kern.uses_coop();
     let input = rand_vec(r, cin * t_in, 1.0); // channel-major [cin][t]
     let w = f16_round(&rand_vec(r, cout * cin * 3, 0.5));
     let b = rand_vec(r, cout, 0.5);
     let t_out = (t_in - 1) / stride + 1;
+    let y0 = rand_vec(r, t_out * cout, 1.0);
     let (upload, cs, ts) = if time_major {
         let mut tm = vec![0.0f32; cin * t_in];
         for c in 0..cin {
@@ -420,16 +565,47 @@ fn run_conv(r: &mut StdRng, coop: bool, cin: usize, t_in: usize, cout: usize, st
     let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), cout, cin * 3).unwrap();
     let bb = g.upload_f32("b", &b).unwrap();
     let ob = poisoned(t_out * cout);
+    if accumulate {
+        g.write(&ob, 0, bytemuck::cast_slice(&y0));
+    }
     let mut rec = g.recorder();
     let got_t = kern
-        .conv_k3(&mut rec, &ib, t_in as u32, cs as u32, ts as u32, stride as u32, &wm, &bb, &ob, Epilogue { gelu: true, accumulate: false })
+        .conv_k3(&mut rec, &ib, t_in as u32, cs as u32, ts as u32, stride as u32, &wm, &bb, &ob, Epilogue { gelu: true, accumulate })
         .unwrap();
-    rec.submit(None).unwrap();
+    let mut prof = Profile::default();
+    rec.submit(Some(&mut prof)).unwrap();
     assert_eq!(got_t as usize, t_out);
     let got = g.read_f32(&ob, 0, t_out * cout).unwrap();
-    let want = ops::conv1d_k3(&input, cin, t_in, &w, &b, cout, stride, true);
+    let mut want = ops::conv1d_k3(&input, cin, t_in, &w, &b, cout, stride, true);
+    if accumulate {
+        want.iter_mut().zip(&y0).for_each(|(v, y)| *v += y);
+    }
     let e = rel_err(&got, &want);
-    assert!(e < 1e-5, "conv coop={coop} cin={cin} t={t_in} cout={cout} stride={stride} time_major={time_major}: rel err {e}");
+    assert!(e < 1e-5, "conv coop={coop} cin={cin} t={t_in} cout={cout} stride={stride} time_major={time_major} acc={accumulate}: rel err {e}");
+    let mut ran: Vec<&'static str> = prof.stats().iter().map(|s| s.kernel).collect();
+    ran.sort_unstable();
+    ran
+}
+
+/// The convolution through gemm_planes.wgsl (split_f16.wgsl main_conv_rows writes the im2col
+/// rows as planes; conv2's shape: K a multiple of 32, cout of 64), GELU and the residual,
+/// both input layouts and strides, against the CPU; shapes it does not take stay on the
+/// staged GEMM. Runs where the device has cooperative matrices (the H200).
+#[test]
+fn conv_k3_on_planes_matches_reference() {
+    let mut r = rng("conv_k3_planes");
+    let g = gpu();
+    let Some(mut kern) = gemm_kernels(g, true, "conv_k3_planes") else {
+        return;
+    };
+    kern.reserve_gemm_planes(g, 200, 384).unwrap();
+    let planes = ["gemm_planes_f16", "split_f16_conv"];
+    assert_eq!(run_conv_with(&kern, &mut r, 32, 70, 64, 2, true, true), planes);
+    assert_eq!(run_conv_with(&kern, &mut r, 64, 129, 128, 1, false, true), planes);
+    assert_eq!(run_conv_with(&kern, &mut r, 96, 399, 64, 2, true, false), planes);
+    // cin x 3 not a multiple of 32, or more rows than the planes hold: gemm_coop.
+    assert_eq!(run_conv_with(&kern, &mut r, 10, 70, 64, 2, true, true), ["conv_k3_coop_f16"]);
+    assert_eq!(run_conv_with(&kern, &mut r, 64, 600, 64, 1, false, true), ["conv_k3_coop_f16"]);
 }
 
 #[test]
@@ -506,8 +682,10 @@ fn layer_norm_into_planes_matches_layer_norm_rows() {
                 }
                 let v = rows_f32[row * cols + c];
                 let back = h as f64 + l as f64 / 4096.0;
+                // (below 2^-14 hi is an f16 subnormal, on a grid of 2^-24: split_f16.wgsl's
+                // planes hold such values to that absolute step, as the split's own do)
                 assert!(
-                    (back - v as f64).abs() <= v.abs() as f64 * 2f64.powi(-20),
+                    (back - v as f64).abs() <= v.abs() as f64 * 2f64.powi(-20) + 2f64.powi(-24),
                     "{rows}x{cols} row {row} col {c}: LayerNorm {v} split into {h} + {l} / 4096"
                 );
             }
@@ -645,9 +823,8 @@ fn attention_matches_reference() {
 /// the device has cooperative matrices that takes attention_coop.wgsl (head planes split
 /// first, key splits of 384 merged after); elsewhere the blocked kernel. Returns the kernels
 /// dispatched, sorted.
-fn run_attention_fused(r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static str> {
+fn run_attention_fused_with(mut kern: Kernels, r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static str> {
     let g = gpu();
-    let mut kern = Kernels::load(g).unwrap();
     kern.reserve_blocked_attention(g, t as u32, heads as u32).unwrap();
     if let Some(part) = kern.blocked_partials.as_ref() {
         g.fill_u32(part, NAN_BITS);
@@ -689,19 +866,29 @@ fn run_attention_fused(r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static s
 /// The encoder's self-attention on tensor cores (attention_coop.wgsl) against the CPU on the
 /// H200: a partial query tile, a partial last key block, several key splits with a short
 /// last one (1500 = 3 x 384 + 348), one head and several, planes and partials poisoned
-/// first. Where the device has no cooperative matrices (lavapipe) the same calls take the
-/// blocked kernel and are held to the same reference.
+/// first; each shape of the kernel (4 subgroups x 32-dim rounds, shipped; 2 x 32; 2 x 64).
+/// Where the device has no cooperative matrices (lavapipe) the same calls take the blocked
+/// kernel and are held to the same reference.
 #[test]
 fn attention_coop_matches_reference() {
     let mut r = rng("attention_coop");
-    let coop = Kernels::load(gpu()).unwrap().attention_coop.is_some();
-    let want: &[&str] = if coop { &["attention_coop", "attention_merge", "split_f16_heads"] } else { &["attention_blocked", "attention_merge"] };
-    for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
-        assert_eq!(run_attention_fused(&mut r, t, heads), want, "t={t} heads={heads}");
-    }
-    if coop {
-        // (lavapipe: the blocked kernel on this shape is in attention_blocked_matches_reference)
-        assert_eq!(run_attention_fused(&mut r, 1500, 1), want);
+    let g = gpu();
+    let coop = Kernels::load(g).unwrap().attention_coop.is_some();
+    // Each shape of the kernel (subgroups x dims a P·V round): the shipped one and the lab's.
+    for (nsg, od, name) in [(4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)")] {
+        let want: Vec<&str> = if coop { vec![name, "attention_merge", "split_f16_heads"] } else { vec!["attention_blocked", "attention_merge"] };
+        let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap();
+        for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
+            let mut ran = run_attention_fused_with(kern(), &mut r, t, heads);
+            ran.sort_unstable();
+            let mut w = want.clone();
+            w.sort_unstable();
+            assert_eq!(ran, w, "t={t} heads={heads}, {nsg} x {od}");
+        }
+        if coop {
+            // (lavapipe: the blocked kernel on this shape is in attention_blocked_matches_reference)
+            assert_eq!(run_attention_fused_with(kern(), &mut r, 1500, 1).len(), 3);
+        }
     }
 }
 
@@ -1353,7 +1540,12 @@ fn coop_sources_are_valid_wgsl() {
         "    let blk = ((wg.y * (p.n / 64u) + wg.x) * 4u + sg) * 2048u;\n    put4(c00, c01, c10, c11, blk);\n    put4(d00, d01, d10, d11, blk + 1024u);\n",
     );
     assert!(super::GEMM_PLANES_SOURCE.contains(&format!("const CK: u32 = {}u;", super::GEMM_PLANES_CK)));
-    for (i, src) in [GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()].into_iter().enumerate() {
+    let nsg = super::ATTENTION_COOP_QUERIES / 16;
+    assert!(staged.contains(&format!("const NSG: u32 = {nsg}u;")) && staged.contains(&format!("@workgroup_size({})", 32 * nsg)));
+    let attention_variants: Vec<String> = [(2u32, 32u32), (2, 64)].iter().map(|&(n, od)| super::attention_coop_source(n, od).unwrap()).collect();
+    let mut sources = vec![GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()];
+    sources.extend(attention_variants.iter().map(|s| s.as_str()));
+    for (i, src) in sources.into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
         let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())

@@ -616,6 +616,7 @@ impl GpuWhisper {
         k.conv_k3(&mut rec, &self.mel, frames, frames, 1, 1, &self.conv1.w, &self.conv1.b, &self.enc_h, gelu)?;
         // x = positions, then x += GELU(conv2(h)) (stride 2: 3000 -> 1500 frames).
         rec.copy(&self.enc_pos, 0, &self.enc_x, 0, (a * d * 4) as u64);
+        rec.stage("encoder conv2");
         k.conv_k3(
             &mut rec,
             &self.enc_h,
@@ -628,6 +629,7 @@ impl GpuWhisper {
             &self.enc_x,
             Epilogue { gelu: true, accumulate: true },
         )?;
+        rec.stage("encoder");
         let acc = Epilogue { gelu: false, accumulate: true };
         let plain = Epilogue::default();
         let heads = self.dims.n_heads as u32;
@@ -652,28 +654,46 @@ impl GpuWhisper {
             rec.stage("encoder");
             Ok(())
         };
+        // Where the GEMMs can write f16 planes themselves (`VERBATIM_EPILOGUE_PLANES=0`: not,
+        // to compare on a device): the Q|K|V projection writes the attention's head planes,
+        // fc1 the planes fc2 reads; two splits a layer go.
+        let epilogue_planes = into_planes && std::env::var("VERBATIM_EPILOGUE_PLANES").map_or(true, |v| v != "0");
         for l in &self.enc_layers {
-            norm_linear(&mut rec, &l.attn_norm, &l.qkv, Rows::new(&self.enc_qkv, 3 * du), plain, "encoder qkv")?;
-            k.attention(
-                &mut rec,
-                &AttentionArgs {
-                    q: Rows::at(&self.enc_qkv, 0, 3 * du),
-                    k: Rows::at(&self.enc_qkv, du, 3 * du),
-                    v: Rows::at(&self.enc_qkv, 2 * du, 3 * du),
-                    out: Rows::new(&self.enc_attn, du),
-                    tq: a,
-                    tk: a,
-                    heads,
-                    head_dim: hd,
-                    causal: None,
-                },
-            )?;
+            let args = AttentionArgs {
+                q: Rows::at(&self.enc_qkv, 0, 3 * du),
+                k: Rows::at(&self.enc_qkv, du, 3 * du),
+                v: Rows::at(&self.enc_qkv, 2 * du, 3 * du),
+                out: Rows::new(&self.enc_attn, du),
+                tq: a,
+                tk: a,
+                heads,
+                head_dim: hd,
+                causal: None,
+            };
+            if epilogue_planes && hd == 64 && k.qkv_to_heads(a, heads, &l.qkv.w) {
+                k.layer_norm_planes(&mut rec, &self.enc_x, 0, a, d, &l.attn_norm.gamma, &l.attn_norm.beta, LN_EPS)?;
+                rec.stage("encoder qkv");
+                k.linear_planes_to_heads(&mut rec, a, heads, &l.qkv.w, Some(&l.qkv.b))?;
+                rec.stage("encoder");
+                k.attention_on_head_planes(&mut rec, &args)?;
+            } else {
+                norm_linear(&mut rec, &l.attn_norm, &l.qkv, Rows::new(&self.enc_qkv, 3 * du), plain, "encoder qkv")?;
+                k.attention(&mut rec, &args)?;
+            }
             rec.stage("encoder out");
             k.linear(&mut rec, Rows::new(&self.enc_attn, du), a, &l.attn_out.w, Some(&l.attn_out.b), Rows::new(&self.enc_x, du), acc)?;
             rec.stage("encoder");
-            norm_linear(&mut rec, &l.ffn_norm, &l.fc1, Rows::new(&self.enc_h, f), gelu, "encoder fc1")?;
-            rec.stage("encoder fc2");
-            k.linear(&mut rec, Rows::new(&self.enc_h, f), a, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.enc_x, du), acc)?;
+            if epilogue_planes && k.planes_to_planes(a, &l.fc1.w) && k.takes_second_planes(a, &l.fc2.w) {
+                k.layer_norm_planes(&mut rec, &self.enc_x, 0, a, d, &l.ffn_norm.gamma, &l.ffn_norm.beta, LN_EPS)?;
+                rec.stage("encoder fc1");
+                k.linear_planes_to_planes(&mut rec, a, &l.fc1.w, Some(&l.fc1.b), true)?;
+                rec.stage("encoder fc2");
+                k.linear_on_second_planes(&mut rec, a, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.enc_x, du), acc)?;
+            } else {
+                norm_linear(&mut rec, &l.ffn_norm, &l.fc1, Rows::new(&self.enc_h, f), gelu, "encoder fc1")?;
+                rec.stage("encoder fc2");
+                k.linear(&mut rec, Rows::new(&self.enc_h, f), a, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.enc_x, du), acc)?;
+            }
             rec.stage("encoder");
         }
         k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
