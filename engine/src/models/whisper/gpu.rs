@@ -192,6 +192,9 @@ struct LayerView<'a> {
     fc2: Lin<'a>,
     qkv_cache: &'a Buffer,
     enc_kv: &'a Buffer,
+    /// This layer's keys at `kv_off` of each row of `enc_kv`, its values d after.
+    kv_off: usize,
+    kv_stride: usize,
 }
 
 struct EncoderLayer {
@@ -209,7 +212,6 @@ struct DecoderLayer {
     self_out: DecLinear,
     cross_norm: Norm,
     cross_q: DecLinear,
-    cross_kv: Linear,
     cross_out: DecLinear,
     ffn_norm: Norm,
     fc1: DecLinear,
@@ -217,8 +219,11 @@ struct DecoderLayer {
     /// Every position's q | k | v, [text_ctx][3d]: the fused projection writes its output
     /// here directly, so appending to the KV cache costs no copy dispatch.
     qkv_cache: Buffer,
-    /// This window's cross-attention keys | values, [audio_ctx][2d].
+    /// This window's cross-attention keys | values of every layer, [audio_ctx][layers][2d]
+    /// (one GEMM writes them all: `GpuWhisper::cross_kv`); this layer's at `kv_off`.
     enc_kv: Buffer,
+    kv_off: usize,
+    kv_stride: usize,
 }
 
 impl DecoderLayer {
@@ -235,6 +240,8 @@ impl DecoderLayer {
             fc2: self.fc2.view(),
             qkv_cache: &self.qkv_cache,
             enc_kv: &self.enc_kv,
+            kv_off: self.kv_off,
+            kv_stride: self.kv_stride,
         }
     }
 }
@@ -266,6 +273,8 @@ impl DraftLayer {
             fc2: lin(&self.fc2, &main.fc2),
             qkv_cache: &self.qkv_cache,
             enc_kv: &main.enc_kv,
+            kv_off: main.kv_off,
+            kv_stride: main.kv_stride,
         }
     }
 }
@@ -295,6 +304,11 @@ pub struct GpuWhisper {
     enc_pos: Buffer,
     enc_layers: Vec<EncoderLayer>,
     enc_norm: Norm,
+    /// Every decoder layer's cross-attention K|V projection side by side ([layers·2d][d]):
+    /// one GEMM a window instead of one a layer.
+    cross_kv: Linear,
+    /// Their output, [audio_ctx][layers][2d] (each decoder layer holds a handle to it).
+    enc_kv: Buffer,
     emb: F16Rows,
     /// The logits projection under `--quant` (the tied embedding, quantized); None: `emb`.
     logits_q: Option<QMatrix>,
@@ -513,6 +527,25 @@ impl GpuWhisper {
         }
         let mut dec_layers = Vec::with_capacity(dims.decoder_layers);
         let cache = (dims.text_ctx * 3 * d * 4) as u64;
+        let kv_stride = dims.decoder_layers * 2 * d;
+        let enc_kv = g.buffer("cross k|v", (dims.audio_ctx * kv_stride * 4) as u64)?;
+        let cross_kv = {
+            let (mut w, mut b) = (Vec::new(), Vec::new());
+            for i in 0..dims.decoder_layers {
+                let p = format!("decoder/layer_{i}/attention/linear_1");
+                let (bits, n, k) = matrix_bits(g, ck, &format!("{p}/weight"))?;
+                let bias = ck.f32(&format!("{p}/bias"))?;
+                if n != 2 * d || k != d || bias.len() != n {
+                    return Err(Error::model(&ck.dir, format!("{p}: {n} x {k} with {} biases, not {} x {d}", bias.len(), 2 * d)));
+                }
+                w.extend_from_slice(&bits);
+                b.extend_from_slice(&bias);
+            }
+            if w.len() * 2 > g.info.max_storage_binding as usize {
+                return Err(Error::Unsupported(format!("the cross K|V weights ({} MB) exceed the adapter's storage binding limit", (w.len() * 2) >> 20)));
+            }
+            Linear { w: F16Matrix::from_bits(g, "cross k|v weights", &w, kv_stride, d)?, b: g.upload_f32("cross k|v biases", &b)? }
+        };
         for i in 0..dims.decoder_layers {
             let p = format!("decoder/layer_{i}");
             dec_layers.push(DecoderLayer {
@@ -521,13 +554,14 @@ impl GpuWhisper {
                 self_out: dec_linear(g, ck, &format!("{p}/self_attention/linear_1"), quant)?,
                 cross_norm: norm(g, ck, &format!("{p}/attention/layer_norm"))?,
                 cross_q: dec_linear(g, ck, &format!("{p}/attention/linear_0"), quant)?,
-                cross_kv: linear(g, ck, &format!("{p}/attention/linear_1"))?,
                 cross_out: dec_linear(g, ck, &format!("{p}/attention/linear_2"), quant)?,
                 ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
                 fc1: dec_linear(g, ck, &format!("{p}/ffn/linear_0"), quant)?,
                 fc2: dec_linear(g, ck, &format!("{p}/ffn/linear_1"), quant)?,
                 qkv_cache: g.buffer("q|k|v cache", cache)?,
-                enc_kv: g.buffer("cross k|v", (dims.audio_ctx * 2 * d * 4) as u64)?,
+                enc_kv: enc_kv.clone(),
+                kv_off: i * 2 * d,
+                kv_stride,
             });
         }
         let (a, t, f) = (dims.audio_ctx, dims.text_ctx, dims.ffn);
@@ -542,6 +576,8 @@ impl GpuWhisper {
             enc_pos: g.upload_f32("encoder positions", &ck.f32("encoder/position_encodings/encodings")?)?,
             enc_layers,
             enc_norm: norm(g, ck, "encoder/layer_norm")?,
+            cross_kv,
+            enc_kv,
             emb: rows_matrix(g, ck, "decoder/embeddings/weight")?,
             logits_q: match quant {
                 Some(f) => Some(qmatrix(g, ck, "decoder/embeddings/weight", f)?),
@@ -698,17 +734,14 @@ impl GpuWhisper {
         }
         k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
         rec.stage("cross k|v");
-        // (the encoder's output stays in f32 rows as well: `encoder_output` reads it)
-        let one_split = into_planes && self.dec_layers.iter().all(|l| k.uses_planes(a, &l.cross_kv.w));
-        if one_split {
+        // Every layer's K|V in one GEMM ([audio_ctx][layers·2d]); the encoder's output stays
+        // in f32 rows as well (`encoder_output` reads them).
+        let kv = Rows::new(&self.enc_kv, self.dec_layers.len() * 2 * du);
+        if into_planes && k.uses_planes(a, &self.cross_kv.w) {
             k.split_into_planes(&mut rec, Rows::new(&self.enc_xn, du), a, d)?;
-        }
-        for l in &self.dec_layers {
-            let y = Rows::new(&l.enc_kv, 2 * du);
-            match one_split {
-                true => k.linear_on_planes(&mut rec, a, &l.cross_kv.w, Some(&l.cross_kv.b), y, plain)?,
-                false => k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &l.cross_kv.w, Some(&l.cross_kv.b), y, plain)?,
-            }
+            k.linear_on_planes(&mut rec, a, &self.cross_kv.w, Some(&self.cross_kv.b), kv, plain)?;
+        } else {
+            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &self.cross_kv.w, Some(&self.cross_kv.b), kv, plain)?;
         }
         rec.submit(Some(&mut self.profile))?;
         self.gpu.wait()
@@ -1104,8 +1137,8 @@ impl GpuWhisper {
             lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
             let cross = AttentionArgs {
                 q,
-                k: Rows::at(l.enc_kv, 0, 2 * d),
-                v: Rows::at(l.enc_kv, d, 2 * d),
+                k: Rows::at(l.enc_kv, l.kv_off, l.kv_stride),
+                v: Rows::at(l.enc_kv, l.kv_off + d, l.kv_stride),
                 out: Rows::new(b.dec_attn, d),
                 tq: m,
                 tk: dims.audio_ctx as u32,
