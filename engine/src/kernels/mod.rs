@@ -162,14 +162,24 @@ pub const GEMM_PLANES_SOURCE: &str = concat!(
     include_str!("gemm_epilogue.wgsl"),
     include_str!("gemm_coop_emit.wgsl")
 );
+/// gemm_planes.wgsl over tiles of 32 rows instead of 64 (twice the workgroups for GEMMs of
+/// few columns: tiny.en's out projection, fc2 and conv2 have N = 384, 144 workgroups of 64
+/// rows on a device of 132 SMs).
+pub fn gemm_planes_narrow_source() -> Result<String> {
+    rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &[("const TM: u32 = 64u;", "const TM: u32 = 32u;")])
+}
+
+/// GEMMs of at most this many columns take [`gemm_planes_narrow_source`]'s tiles.
+const GEMM_PLANES_NARROW_MAX_N: u32 = 512;
+
 /// gemm_planes.wgsl writing its output as f16 hi/lo planes (gemm_emit_planes.wgsl): rows
 /// planes for the next GEMM, or a fused Q|K|V's head planes for attention_coop.wgsl.
 pub fn gemm_planes_out_source() -> Result<String> {
     let calls = [
         "    emit(c00, d00, cb, lane, r0, q0);\n",
         "    emit(c01, d01, cb, lane, r0, q0 + 16u);\n",
-        "    emit(c10, d10, cb, lane, r0 + 16u, q0);\n",
-        "    emit(c11, d11, cb, lane, r0 + 16u, q0 + 16u);\n",
+        "        emit(c10, d10, cb, lane, r0 + 16u, q0);\n",
+        "        emit(c11, d11, cb, lane, r0 + 16u, q0 + 16u);\n",
     ];
     let renamed: Vec<String> = calls.iter().map(|c| c.replace("emit(", "emit_planes(")).collect();
     let edits: Vec<(&str, &str)> = calls.iter().zip(&renamed).map(|(a, b)| (*a, b.as_str())).collect();
@@ -589,6 +599,9 @@ pub struct Kernels {
     gemm_planes: Option<Arc<Kernel>>,
     /// gemm_planes.wgsl writing f16 planes (gemm_emit_planes.wgsl), with gemm_planes.
     gemm_planes_out: Option<Arc<Kernel>>,
+    /// gemm_planes.wgsl over 32-row tiles, for GEMMs of few columns;
+    /// `VERBATIM_GEMM_NARROW=0` leaves it out (to compare on a device).
+    gemm_planes_narrow: Option<Arc<Kernel>>,
     /// The second planes buffer, as large as `planes`: one GEMM's planes output while
     /// `planes` holds its input (fc1 -> fc2).
     planes_out: Option<Buffer>,
@@ -596,6 +609,9 @@ pub struct Kernels {
     split_planes: Arc<Kernel>,
     /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
     norm_planes: Arc<Kernel>,
+    /// The same with a subgroup per row (layernorm_planes.wgsl), where the device has
+    /// cooperative matrices; `VERBATIM_NORM_SUBGROUPS=0` leaves it out (to compare).
+    norm_planes_sg: Option<Arc<Kernel>>,
     /// A convolution's im2col rows into those planes (split_f16.wgsl main_conv_rows);
     /// `VERBATIM_CONV_PLANES=0` keeps the convolutions on gemm_coop.wgsl (to compare).
     conv_planes: Option<Arc<Kernel>>,
@@ -681,8 +697,19 @@ impl Kernels {
                 false => None,
             },
             planes_out: None,
+            gemm_planes_narrow: match gpu.info.coop_matrix
+                && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
+                && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
+            {
+                true => Some(gpu.kernel("gemm_planes_f16 (32-row tiles)", &gemm_planes_narrow_source()?, &[R, R, R, W])?),
+                false => None,
+            },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
+            norm_planes_sg: match gpu.info.coop_matrix && std::env::var("VERBATIM_NORM_SUBGROUPS").map_or(true, |v| v != "0") {
+                true => Some(gpu.kernel("layernorm_planes (subgroup rows)", include_str!("layernorm_planes.wgsl"), &[R, W, R, R])?),
+                false => None,
+            },
             conv_planes: match std::env::var("VERBATIM_CONV_PLANES").map_or(true, |v| v != "0") {
                 true => Some(gpu.kernel_entry("split_f16_conv", SPLIT_F16_SOURCE, "main_conv_rows", &[R, W])?),
                 false => None,
@@ -754,6 +781,8 @@ impl Kernels {
         self.conv_coop = None;
         self.gemm_planes = None;
         self.gemm_planes_out = None;
+        self.gemm_planes_narrow = None;
+        self.norm_planes_sg = None;
         self.attention_coop = None;
         self
     }
@@ -1002,8 +1031,8 @@ impl Kernels {
             | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
         let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
-        let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
         let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
+        let (kernel, groups) = self.planes_tiles(kernel, m, w.n);
         let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, q_scale: 1.0 };
         rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, y.buf], groups, cost)
     }
@@ -1068,6 +1097,15 @@ impl Kernels {
         rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, &self.zero, out], groups, cost)
     }
 
+    /// gemm_planes.wgsl's kernel and grid for `m` rows of `n` columns: 32-row tiles where
+    /// the columns are few.
+    fn planes_tiles<'a>(&'a self, kernel: &'a Arc<Kernel>, m: u32, n: u32) -> (&'a Arc<Kernel>, [u32; 3]) {
+        match &self.gemm_planes_narrow {
+            Some(narrow) if n <= GEMM_PLANES_NARROW_MAX_N => (narrow, [n.div_ceil(64), m.div_ceil(32), 1]),
+            _ => (kernel, [n.div_ceil(64), m.div_ceil(64), 1]),
+        }
+    }
+
     /// Whether [`Kernels::linear_on_second_planes`] takes `m` rows of `w`.
     pub fn takes_second_planes(&self, m: u32, w: &F16Matrix) -> bool {
         let bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.k as u64 * 2;
@@ -1089,8 +1127,8 @@ impl Kernels {
             | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
         let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
-        let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
         let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
+        let (kernel, groups) = self.planes_tiles(kernel, m, w.n);
         let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: y.off, y_stride: y.stride, m_pad, q_scale: 1.0 };
         rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, y.buf], groups, cost)
     }
@@ -1122,7 +1160,9 @@ impl Kernels {
     }
 
     /// LayerNorm of `rows` rows of width `cols` into f16 hi/lo planes in `out`, laid out as
-    /// [`Kernels::split_f16_rows`] writes them (padding rows zero).
+    /// [`Kernels::split_f16_rows`] writes them (padding rows zero): layernorm_planes.wgsl (a
+    /// subgroup a row) where the device has cooperative matrices, split_f16.wgsl's
+    /// main_norm_rows (layernorm.wgsl's arithmetic) elsewhere.
     #[allow(clippy::too_many_arguments)]
     pub fn layer_norm_f16_rows(
         &self,
@@ -1142,9 +1182,12 @@ impl Kernels {
             return Err(Error::Invalid(format!("layer_norm_planes: {rows} x {cols} does not fit {} bytes in f16 pairs", planes.size())));
         }
         let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off, x_stride: cols, scale: 1.0, eps, conv_cs: 0, conv_ts: 0, conv_stride: 0, conv_tin: 0 };
-        let g = grid_1d(rows_pad);
+        let (kernel, g) = match &self.norm_planes_sg {
+            Some(k) => (k, grid_1d(rows_pad.div_ceil(4))),
+            None => (&self.norm_planes, grid_1d(rows_pad)),
+        };
         let cost = Cost { bytes: rows as u64 * cols as u64 * 8 + cols as u64 * 8 + words * 8, flops: rows as u64 * cols as u64 * 8 };
-        rec.dispatch(&self.norm_planes, bytemuck::bytes_of(&sp), &[x, planes, gamma, beta], [g[0], g[1], 1], cost)
+        rec.dispatch(kernel, bytemuck::bytes_of(&sp), &[x, planes, gamma, beta], [g[0], g[1], 1], cost)
     }
 
     /// `rows` rows of width `cols` (even) into f16 hi and lo planes in `out`,
@@ -1213,6 +1256,34 @@ impl Kernels {
         out: &Buffer,
         ep: Epilogue,
     ) -> Result<u32> {
+        self.conv_k3_cols(rec, input, t_in, ch_stride, time_stride, stride, w, w.k, bias, out, ep)
+    }
+
+    /// The K a convolution of `k` im2col columns should have its weight padded to (zero rows
+    /// past `k`) for [`Kernels::conv_k3_cols`] to run it on gemm_planes.wgsl; None where that
+    /// GEMM is not there (the weight stays as it is).
+    pub fn conv_padded_k(&self, k: u32) -> Option<u32> {
+        (self.gemm_planes.is_some() && self.conv_planes.is_some() && self.planes.is_some()).then(|| k.next_multiple_of(GEMM_PLANES_CK))
+    }
+
+    /// [`Kernels::conv_k3`] over a weight whose rows past `cols` im2col columns are zero
+    /// padding (`w.k` >= `cols`; [`Kernels::conv_padded_k`]). Padded weights take the GEMM
+    /// over planes only (an error where it cannot run).
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_k3_cols(
+        &self,
+        rec: &mut Recorder,
+        input: &Buffer,
+        t_in: u32,
+        ch_stride: u32,
+        time_stride: u32,
+        stride: u32,
+        w: &F16Matrix,
+        cols: u32,
+        bias: &Buffer,
+        out: &Buffer,
+        ep: Epilogue,
+    ) -> Result<u32> {
         let t_out = (t_in + 2 - 3) / stride + 1;
         // Where the GEMM over planes takes the shape (conv2: K = 3 x d_model): the im2col
         // rows split into planes, then gemm_planes.wgsl.
@@ -1223,7 +1294,7 @@ impl Kernels {
                 rows: t_out,
                 cols: w.k,
                 rows_pad,
-                heads: 0,
+                heads: if cols < w.k { cols } else { 0 },
                 x_off: 0,
                 x_stride: 0,
                 scale: 1.0,
@@ -1234,10 +1305,13 @@ impl Kernels {
                 conv_tin: t_in,
             };
             let g = grid_1d((words as u32).div_ceil(256));
-            let cost = Cost { bytes: (w.k as u64 / 3) * t_in as u64 * 4 + words * 8, flops: 0 };
+            let cost = Cost { bytes: (cols as u64 / 3) * t_in as u64 * 4 + words * 8, flops: 0 };
             rec.dispatch(split, bytemuck::bytes_of(&sp), &[input, planes], [g[0], g[1], 1], cost)?;
             self.linear_on_planes(rec, t_out, w, Some(bias), Rows::new(out, w.n as usize), ep)?;
             return Ok(t_out);
+        }
+        if cols != w.k {
+            return Err(Error::Invalid(format!("conv_k3: a weight of {} rows padded from {cols} without the GEMM over planes", w.k)));
         }
         let params = GemmParams {
             m: t_out,

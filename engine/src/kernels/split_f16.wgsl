@@ -11,7 +11,8 @@
 // main_conv_rows: the im2col rows of a kernel-3 / padding-1 convolution (gemm_io.wgsl's
 //             flag 8: X[t][k] = in[ci * conv_cs + (t * conv_stride + tap - 1) * conv_ts],
 //             ci = k / 3, tap = k % 3, zero outside [0, conv_tin)), split as main_rows:
-//             the convolution as gemm_planes' GEMM.
+//             the convolution as gemm_planes' GEMM. Columns from `heads` on (where it is
+//             not 0) are zero: K padded to the GEMM's slice (conv1: 3 x 80 = 240 -> 256).
 // main_norm_rows: LayerNorm(X) (gamma, beta, eps), split as main_rows: the LayerNorm before
 //             a linear layer writes the GEMM's planes itself (one dispatch instead of two).
 //             Its arithmetic is layernorm.wgsl's, step for step (the same values).
@@ -66,6 +67,9 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 
 // One element of the im2col view (gemm_io.wgsl's load_x with flag 8).
 fn conv_x(row: u32, col: u32) -> f32 {
+    if (p.heads != 0u && col >= p.heads) {
+        return 0.0;
+    }
     let ci = col / 3u;
     let t = i32(row * p.conv_stride + col % 3u) - 1;
     if (t < 0 || u32(t) >= p.conv_tin) {

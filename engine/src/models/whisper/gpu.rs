@@ -300,6 +300,9 @@ pub struct GpuWhisper {
     eot: u32,
     ts_begin: u32,
     conv1: Linear,
+    /// conv1's im2col columns (3 n_mels): its weight may have zero rows past them
+    /// (`Kernels::conv_padded_k`).
+    conv1_cols: u32,
     conv2: Linear,
     enc_pos: Buffer,
     enc_layers: Vec<EncoderLayer>,
@@ -564,6 +567,23 @@ impl GpuWhisper {
                 kv_stride,
             });
         }
+        // conv1 (K = 3 x 80 = 240) on the GEMM over planes wants K a multiple of its slice:
+        // its weight gets zero rows to the next one.
+        let conv1 = {
+            let name = "encoder/conv1/weight";
+            let (bits, n, k) = matrix_bits(g, ck, name)?;
+            let b = g.upload_f32("encoder/conv1/bias", &ck.f32("encoder/conv1/bias")?)?;
+            match kern.conv_padded_k(k as u32).map(|p| p as usize).filter(|&p| p != k) {
+                Some(kp) => {
+                    let mut padded = vec![0u16; n * kp];
+                    for (row, src) in padded.chunks_mut(kp).zip(bits.chunks(k)) {
+                        row[..k].copy_from_slice(src);
+                    }
+                    (Linear { w: F16Matrix::from_bits(g, name, &padded, n, kp)?, b }, k as u32)
+                }
+                None => (Linear { w: F16Matrix::from_bits(g, name, &bits, n, k)?, b }, k as u32),
+            }
+        };
         let (a, t, f) = (dims.audio_ctx, dims.text_ctx, dims.ffn);
         let f32s = |n: usize| (n * 4) as u64;
         Ok(GpuWhisper {
@@ -571,7 +591,8 @@ impl GpuWhisper {
             dims,
             eot,
             ts_begin: timestamp_begin,
-            conv1: linear(g, ck, "encoder/conv1")?,
+            conv1: conv1.0,
+            conv1_cols: conv1.1,
             conv2: linear(g, ck, "encoder/conv2")?,
             enc_pos: g.upload_f32("encoder positions", &ck.f32("encoder/position_encodings/encodings")?)?,
             enc_layers,
@@ -649,7 +670,8 @@ impl GpuWhisper {
         rec.stage("encoder");
         let gelu = Epilogue { gelu: true, accumulate: false };
         // conv1 reads the mel channel-major [n_mels][frames] and writes time-major [frames][d].
-        k.conv_k3(&mut rec, &self.mel, frames, frames, 1, 1, &self.conv1.w, &self.conv1.b, &self.enc_h, gelu)?;
+        rec.stage("encoder conv1");
+        k.conv_k3_cols(&mut rec, &self.mel, frames, frames, 1, 1, &self.conv1.w, self.conv1_cols, &self.conv1.b, &self.enc_h, gelu)?;
         // x = positions, then x += GELU(conv2(h)) (stride 2: 3000 -> 1500 frames).
         rec.copy(&self.enc_pos, 0, &self.enc_x, 0, (a * d * 4) as u64);
         rec.stage("encoder conv2");
