@@ -609,9 +609,6 @@ pub struct Kernels {
     split_planes: Arc<Kernel>,
     /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
     norm_planes: Arc<Kernel>,
-    /// The same with a subgroup per row (layernorm_planes.wgsl), where the device has
-    /// cooperative matrices; `VERBATIM_NORM_SUBGROUPS=0` leaves it out (to compare).
-    norm_planes_sg: Option<Arc<Kernel>>,
     /// A convolution's im2col rows into those planes (split_f16.wgsl main_conv_rows);
     /// `VERBATIM_CONV_PLANES=0` keeps the convolutions on gemm_coop.wgsl (to compare).
     conv_planes: Option<Arc<Kernel>>,
@@ -706,10 +703,6 @@ impl Kernels {
             },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
-            norm_planes_sg: match gpu.info.coop_matrix && std::env::var("VERBATIM_NORM_SUBGROUPS").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel("layernorm_planes (subgroup rows)", include_str!("layernorm_planes.wgsl"), &[R, W, R, R])?),
-                false => None,
-            },
             conv_planes: match std::env::var("VERBATIM_CONV_PLANES").map_or(true, |v| v != "0") {
                 true => Some(gpu.kernel_entry("split_f16_conv", SPLIT_F16_SOURCE, "main_conv_rows", &[R, W])?),
                 false => None,
@@ -782,7 +775,6 @@ impl Kernels {
         self.gemm_planes = None;
         self.gemm_planes_out = None;
         self.gemm_planes_narrow = None;
-        self.norm_planes_sg = None;
         self.attention_coop = None;
         self
     }
@@ -1160,9 +1152,9 @@ impl Kernels {
     }
 
     /// LayerNorm of `rows` rows of width `cols` into f16 hi/lo planes in `out`, laid out as
-    /// [`Kernels::split_f16_rows`] writes them (padding rows zero): layernorm_planes.wgsl (a
-    /// subgroup a row) where the device has cooperative matrices, split_f16.wgsl's
-    /// main_norm_rows (layernorm.wgsl's arithmetic) elsewhere.
+    /// [`Kernels::split_f16_rows`] writes them (padding rows zero; split_f16.wgsl's
+    /// main_norm_rows: layernorm.wgsl's arithmetic. A subgroup a row, without barriers, was
+    /// no faster on the H200: 9.2 against 8.8 us; in history at ae10417).
     #[allow(clippy::too_many_arguments)]
     pub fn layer_norm_f16_rows(
         &self,
@@ -1182,12 +1174,9 @@ impl Kernels {
             return Err(Error::Invalid(format!("layer_norm_planes: {rows} x {cols} does not fit {} bytes in f16 pairs", planes.size())));
         }
         let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off, x_stride: cols, scale: 1.0, eps, conv_cs: 0, conv_ts: 0, conv_stride: 0, conv_tin: 0 };
-        let (kernel, g) = match &self.norm_planes_sg {
-            Some(k) => (k, grid_1d(rows_pad.div_ceil(4))),
-            None => (&self.norm_planes, grid_1d(rows_pad)),
-        };
+        let g = grid_1d(rows_pad);
         let cost = Cost { bytes: rows as u64 * cols as u64 * 8 + cols as u64 * 8 + words * 8, flops: rows as u64 * cols as u64 * 8 };
-        rec.dispatch(kernel, bytemuck::bytes_of(&sp), &[x, planes, gamma, beta], [g[0], g[1], 1], cost)
+        rec.dispatch(&self.norm_planes, bytemuck::bytes_of(&sp), &[x, planes, gamma, beta], [g[0], g[1], 1], cost)
     }
 
     /// `rows` rows of width `cols` (even) into f16 hi and lo planes in `out`,
