@@ -14,7 +14,12 @@ fn store(row: u32, col: u32, acc: f32) {
     if ((p.flags & 2u) != 0u) {
         v = gelu(v);
     }
-    let o = p.y_off + row * p.y_stride + col;
+    var o = p.y_off + row * p.y_stride + col;
+    if ((p.flags & 64u) != 0u) {
+        // Y's columns in segments of y_stride, each stored as a matrix of its own after the
+        // last: [n / y_stride][m][y_stride] (every decoder layer's cross K|V from one GEMM).
+        o = p.y_off + (col / p.y_stride) * p.m * p.y_stride + row * p.y_stride + col % p.y_stride;
+    }
     if ((p.flags & 4u) != 0u) {
         v += y[o];
     }

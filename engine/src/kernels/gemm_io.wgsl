@@ -9,6 +9,7 @@
 //        8 the input is a kernel-3 / padding-1 convolution read in place (im2col on the fly):
 //          X[m][k] = in[ci * conv_cs + t * conv_ts], ci = k / 3, t = m * conv_stride + k % 3 - 1,
 //          zero outside [0, conv_tin); the weight [Cout][Cin][3] is then exactly [N][K].
+//        64 Y in column segments of y_stride, one after the other (gemm_epilogue.wgsl).
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,

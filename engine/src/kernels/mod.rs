@@ -169,12 +169,13 @@ pub fn gemm_planes_narrow_source() -> Result<String> {
     rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &[("const TM: u32 = 64u;", "const TM: u32 = 32u;")])
 }
 
-/// GEMMs of at most this many columns take [`gemm_planes_narrow_source`]'s tiles.
+/// GEMMs of at most this many columns take [`gemm_planes_narrow_source`]'s tiles (or
+/// `VERBATIM_GEMM_NARROW_MAX_N`, to compare on a device).
 const GEMM_PLANES_NARROW_MAX_N: u32 = 512;
 
 /// gemm_planes.wgsl writing its output as f16 hi/lo planes (gemm_emit_planes.wgsl): rows
 /// planes for the next GEMM, or a fused Q|K|V's head planes for attention_coop.wgsl.
-pub fn gemm_planes_out_source() -> Result<String> {
+pub fn gemm_planes_out_source(narrow: bool) -> Result<String> {
     let calls = [
         "    emit(c00, d00, cb, lane, r0, q0);\n",
         "    emit(c01, d01, cb, lane, r0, q0 + 16u);\n",
@@ -183,7 +184,8 @@ pub fn gemm_planes_out_source() -> Result<String> {
     ];
     let renamed: Vec<String> = calls.iter().map(|c| c.replace("emit(", "emit_planes(")).collect();
     let edits: Vec<(&str, &str)> = calls.iter().zip(&renamed).map(|(a, b)| (*a, b.as_str())).collect();
-    Ok(rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &edits)? + include_str!("gemm_emit_planes.wgsl"))
+    let base = if narrow { gemm_planes_narrow_source()? } else { GEMM_PLANES_SOURCE.to_string() };
+    Ok(rewrite_source("gemm_planes.wgsl", &base, &edits)? + include_str!("gemm_emit_planes.wgsl"))
 }
 /// attention_coop.wgsl: the encoder's self-attention on cooperative matrices over head planes.
 pub const ATTENTION_COOP_SOURCE: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("attention_coop.wgsl"));
@@ -222,6 +224,8 @@ const GEMM_FLAG_BIAS: u32 = 1;
 const GEMM_FLAG_GELU: u32 = 2;
 /// gemm_emit_planes.wgsl: the output as head planes (else rows planes).
 const GEMM_FLAG_HEAD_PLANES: u32 = 32;
+/// gemm_epilogue.wgsl: Y in column segments of y_stride, one after the other.
+const GEMM_FLAG_SEGMENTS: u32 = 64;
 const GEMM_FLAG_ACCUMULATE: u32 = 4;
 const GEMM_FLAG_CONV: u32 = 8;
 /// GEMV only: LayerNorm the input rows first (gemv.wgsl).
@@ -602,6 +606,10 @@ pub struct Kernels {
     /// gemm_planes.wgsl over 32-row tiles, for GEMMs of few columns;
     /// `VERBATIM_GEMM_NARROW=0` leaves it out (to compare on a device).
     gemm_planes_narrow: Option<Arc<Kernel>>,
+    /// gemm_planes_out over 32-row tiles, with gemm_planes_narrow.
+    gemm_planes_out_narrow: Option<Arc<Kernel>>,
+    /// GEMMs of at most this many columns take the 32-row tiles.
+    narrow_max_n: u32,
     /// The second planes buffer, as large as `planes`: one GEMM's planes output while
     /// `planes` holds its input (fc1 -> fc2).
     planes_out: Option<Buffer>,
@@ -690,7 +698,7 @@ impl Kernels {
                 false => None,
             },
             gemm_planes_out: match gpu.info.coop_matrix && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel("gemm_planes_to_planes", &gemm_planes_out_source()?, &[R, R, R, W, W])?),
+                true => Some(gpu.kernel("gemm_planes_to_planes", &gemm_planes_out_source(false)?, &[R, R, R, W, W])?),
                 false => None,
             },
             planes_out: None,
@@ -700,6 +708,17 @@ impl Kernels {
             {
                 true => Some(gpu.kernel("gemm_planes_f16 (32-row tiles)", &gemm_planes_narrow_source()?, &[R, R, R, W])?),
                 false => None,
+            },
+            gemm_planes_out_narrow: match gpu.info.coop_matrix
+                && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
+                && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
+            {
+                true => Some(gpu.kernel("gemm_planes_to_planes (32-row tiles)", &gemm_planes_out_source(true)?, &[R, R, R, W, W])?),
+                false => None,
+            },
+            narrow_max_n: match std::env::var("VERBATIM_GEMM_NARROW_MAX_N") {
+                Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMM_NARROW_MAX_N={v}: a column count")))?,
+                _ => GEMM_PLANES_NARROW_MAX_N,
             },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
@@ -775,6 +794,7 @@ impl Kernels {
         self.gemm_planes = None;
         self.gemm_planes_out = None;
         self.gemm_planes_narrow = None;
+        self.gemm_planes_out_narrow = None;
         self.attention_coop = None;
         self
     }
@@ -982,9 +1002,30 @@ impl Kernels {
         if m <= GEMV_MAX_ROWS {
             return self.gemv(rec, x, m, None, w, bias, y, ep, false);
         }
+        self.gemm_flags(rec, x, m, w, bias, y, ep, 0)
+    }
+
+    /// y = X · Wᵀ + b for `m` (many) rows with Y's columns in segments of `seg`, each
+    /// segment a [m][seg] matrix after the last in `y` ([n / seg][m][seg]): every decoder
+    /// layer's cross K|V from one GEMM, each layer's where its own buffer would have had
+    /// them. `x` None: X is in the GEMM planes already ([`Kernels::split_into_planes`]).
+    pub fn linear_segments(&self, rec: &mut Recorder, x: Option<Rows>, m: u32, w: &F16Matrix, bias: Option<&Buffer>, y: &Buffer, seg: u32) -> Result<()> {
+        if m <= GEMV_MAX_ROWS || seg == 0 || !w.n.is_multiple_of(seg) || m as u64 * w.n as u64 * 4 > y.size() {
+            return Err(Error::Invalid(format!("linear_segments: {m} rows of {} columns in segments of {seg}", w.n)));
+        }
+        let y = Rows { buf: y, off: 0, stride: seg };
+        match x {
+            Some(x) => self.gemm_flags(rec, x, m, w, bias, y, Epilogue::default(), GEMM_FLAG_SEGMENTS),
+            None => self.linear_on_planes_flags(rec, m, w, bias, y, Epilogue::default(), GEMM_FLAG_SEGMENTS),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_flags(&self, rec: &mut Recorder, x: Rows, m: u32, w: &F16Matrix, bias: Option<&Buffer>, y: Rows, ep: Epilogue, extra: u32) -> Result<()> {
         let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
             | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
-            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
+            | extra;
         let params = GemmParams {
             m,
             n: w.n,
@@ -1004,7 +1045,7 @@ impl Kernels {
         let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
         if let Some((_, planes)) = self.planes_for(m, w) {
             self.split_f16_rows(rec, x, m, w.k, planes)?;
-            return self.linear_on_planes(rec, m, w, bias, y, ep);
+            return self.linear_on_planes_flags(rec, m, w, bias, y, ep, extra);
         }
         let kernel = self.gemm_coop.as_ref().unwrap_or(&self.gemm);
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, y.buf], groups, cost)
@@ -1014,13 +1055,19 @@ impl Kernels {
     /// ([`Kernels::split_into_planes`], [`Kernels::layer_norm_planes`]): gemm_planes.wgsl,
     /// where [`Kernels::uses_planes`] holds for `m` rows of `w` (an error otherwise).
     pub fn linear_on_planes(&self, rec: &mut Recorder, m: u32, w: &F16Matrix, bias: Option<&Buffer>, y: Rows, ep: Epilogue) -> Result<()> {
+        self.linear_on_planes_flags(rec, m, w, bias, y, ep, 0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn linear_on_planes_flags(&self, rec: &mut Recorder, m: u32, w: &F16Matrix, bias: Option<&Buffer>, y: Rows, ep: Epilogue, extra: u32) -> Result<()> {
         let (kernel, planes) = match self.planes_for(m, w) {
             Some(kp) if m > GEMV_MAX_ROWS => kp,
             _ => return Err(Error::Invalid(format!("linear_on_planes: {m} rows of {} x {} do not take the planes GEMM", w.k, w.n))),
         };
         let flags = bias.map_or(0, |_| GEMM_FLAG_BIAS)
             | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
-            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 };
+            | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
+            | extra;
         let cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         let b = bias.unwrap_or(&self.zero);
         let m_pad = m.next_multiple_of(GEMM_PLANES_ROWS);
@@ -1085,7 +1132,10 @@ impl Kernels {
         cost.bytes = cost.bytes - m as u64 * w.n as u64 * 4 + m_pad as u64 * w.n as u64 * 4;
         let b = bias.unwrap_or(&self.zero);
         let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: 0, y_stride: 0, m_pad, q_scale };
-        let groups = [w.n.div_ceil(64), m.div_ceil(64), 1];
+        let (kernel, groups) = match &self.gemm_planes_out_narrow {
+            Some(narrow) if w.n <= self.narrow_max_n => (narrow, [w.n.div_ceil(64), m.div_ceil(32), 1]),
+            _ => (kernel, [w.n.div_ceil(64), m.div_ceil(64), 1]),
+        };
         rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, &self.zero, out], groups, cost)
     }
 
@@ -1093,7 +1143,7 @@ impl Kernels {
     /// the columns are few.
     fn planes_tiles<'a>(&'a self, kernel: &'a Arc<Kernel>, m: u32, n: u32) -> (&'a Arc<Kernel>, [u32; 3]) {
         match &self.gemm_planes_narrow {
-            Some(narrow) if n <= GEMM_PLANES_NARROW_MAX_N => (narrow, [n.div_ceil(64), m.div_ceil(32), 1]),
+            Some(narrow) if n <= self.narrow_max_n => (narrow, [n.div_ceil(64), m.div_ceil(32), 1]),
             _ => (kernel, [n.div_ceil(64), m.div_ceil(64), 1]),
         }
     }

@@ -354,6 +354,54 @@ fn linear_gemm_on_planes_matches_reference() {
     run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
 }
 
+/// `linear_segments`: Y's columns in segments stored one after the other ([n / seg][m][seg],
+/// every decoder layer's cross K|V from one GEMM), output poisoned first, against the CPU:
+/// from f32 rows (gemm.wgsl on lavapipe, the staged or planes GEMM on the H200) and from
+/// planes split beforehand (the H200).
+#[test]
+fn linear_segments_matches_reference() {
+    let mut r = rng("linear_segments");
+    let g = gpu();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.reserve_gemm_planes(g, 300, 512).unwrap();
+    for &(m, k, n, seg) in &[(70usize, 64usize, 256usize, 64usize), (131, 96, 384, 192), (300, 37, 66, 22)] {
+        let x = rand_vec(&mut r, m * k, 1.0);
+        let w = f16_round(&rand_vec(&mut r, n * k, 0.5));
+        let b = rand_vec(&mut r, n, 0.5);
+        let (xb, bb) = (g.upload_f32("x", &x).unwrap(), g.upload_f32("b", &b).unwrap());
+        let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
+        let rows = ops::linear(&x, m, k, &w, n, Some(&b[..]));
+        let mut want = vec![0.0f32; m * n];
+        for row in 0..m {
+            for c in 0..n {
+                want[(c / seg) * m * seg + row * seg + c % seg] = rows[row * n + c];
+            }
+        }
+        let from_planes = kern.uses_planes(m as u32, &wm);
+        for planes_first in [false, true] {
+            if planes_first && !from_planes {
+                continue;
+            }
+            let yb = poisoned(m * n);
+            let mut rec = g.recorder();
+            if planes_first {
+                kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
+                kern.linear_segments(&mut rec, None, m as u32, &wm, Some(&bb), &yb, seg as u32).unwrap();
+            } else {
+                kern.linear_segments(&mut rec, Some(Rows::new(&xb, k)), m as u32, &wm, Some(&bb), &yb, seg as u32).unwrap();
+            }
+            rec.submit(None).unwrap();
+            let got = g.read_f32(&yb, 0, m * n).unwrap();
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-5, "linear_segments m={m} k={k} n={n} seg={seg} planes={planes_first}: rel err {e}");
+        }
+    }
+    // A segment that does not divide the columns is refused.
+    let wm = F16Matrix::from_bits(g, "w", &vec![0u16; 64 * 32], 64, 32).unwrap();
+    let (xb, yb) = (g.buffer("x", 100 * 32 * 4).unwrap(), g.buffer("y", 100 * 64 * 4).unwrap());
+    assert!(kern.linear_segments(&mut g.recorder(), Some(Rows::new(&xb, 32)), 100, &wm, None, &yb, 48).is_err());
+}
+
 /// Words of a planes buffer (`n` f16 pairs from `at`).
 fn plane_words(b: &wgpu::Buffer, at: usize, n: usize) -> Vec<u32> {
     bytemuck::cast_slice(&gpu().read(b, at as u64 * 4, n as u64 * 4).unwrap()).to_vec()
@@ -1571,8 +1619,9 @@ fn coop_sources_are_valid_wgsl() {
     let attention_variants: Vec<String> = [(2u32, 32u32), (2, 64)].iter().map(|&(n, od)| super::attention_coop_source(n, od).unwrap()).collect();
     let mut sources = vec![GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()];
     sources.extend(attention_variants.iter().map(|s| s.as_str()));
-    let (narrow, planes_out) = (super::gemm_planes_narrow_source().unwrap(), super::gemm_planes_out_source().unwrap());
-    sources.extend([narrow.as_str(), planes_out.as_str()]);
+    let narrow = super::gemm_planes_narrow_source().unwrap();
+    let (planes_out, planes_out_narrow) = (super::gemm_planes_out_source(false).unwrap(), super::gemm_planes_out_source(true).unwrap());
+    sources.extend([narrow.as_str(), planes_out.as_str(), planes_out_narrow.as_str()]);
     for (i, src) in sources.into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));

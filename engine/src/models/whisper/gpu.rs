@@ -219,8 +219,8 @@ struct DecoderLayer {
     /// Every position's q | k | v, [text_ctx][3d]: the fused projection writes its output
     /// here directly, so appending to the KV cache costs no copy dispatch.
     qkv_cache: Buffer,
-    /// This window's cross-attention keys | values of every layer, [audio_ctx][layers][2d]
-    /// (one GEMM writes them all: `GpuWhisper::cross_kv`); this layer's at `kv_off`.
+    /// This window's cross-attention keys | values of every layer, [layers][audio_ctx][2d]
+    /// (one GEMM writes them all: `GpuWhisper::cross_kv`); this layer's from `kv_off`.
     enc_kv: Buffer,
     kv_off: usize,
     kv_stride: usize,
@@ -310,7 +310,8 @@ pub struct GpuWhisper {
     /// Every decoder layer's cross-attention K|V projection side by side ([layers·2d][d]):
     /// one GEMM a window instead of one a layer.
     cross_kv: Linear,
-    /// Their output, [audio_ctx][layers][2d] (each decoder layer holds a handle to it).
+    /// Their output, [layers][audio_ctx][2d] (each decoder layer holds a handle to it; its
+    /// rows as a buffer of its own would hold them, for the decode attention).
     enc_kv: Buffer,
     emb: F16Rows,
     /// The logits projection under `--quant` (the tied embedding, quantized); None: `emb`.
@@ -530,8 +531,8 @@ impl GpuWhisper {
         }
         let mut dec_layers = Vec::with_capacity(dims.decoder_layers);
         let cache = (dims.text_ctx * 3 * d * 4) as u64;
-        let kv_stride = dims.decoder_layers * 2 * d;
-        let enc_kv = g.buffer("cross k|v", (dims.audio_ctx * kv_stride * 4) as u64)?;
+        let kv_stride = 2 * d;
+        let enc_kv = g.buffer("cross k|v", (dims.decoder_layers * dims.audio_ctx * kv_stride * 4) as u64)?;
         let cross_kv = {
             let (mut w, mut b) = (Vec::new(), Vec::new());
             for i in 0..dims.decoder_layers {
@@ -547,7 +548,7 @@ impl GpuWhisper {
             if w.len() * 2 > g.info.max_storage_binding as usize {
                 return Err(Error::Unsupported(format!("the cross K|V weights ({} MB) exceed the adapter's storage binding limit", (w.len() * 2) >> 20)));
             }
-            Linear { w: F16Matrix::from_bits(g, "cross k|v weights", &w, kv_stride, d)?, b: g.upload_f32("cross k|v biases", &b)? }
+            Linear { w: F16Matrix::from_bits(g, "cross k|v weights", &w, dims.decoder_layers * 2 * d, d)?, b: g.upload_f32("cross k|v biases", &b)? }
         };
         for i in 0..dims.decoder_layers {
             let p = format!("decoder/layer_{i}");
@@ -563,7 +564,7 @@ impl GpuWhisper {
                 fc2: dec_linear(g, ck, &format!("{p}/ffn/linear_1"), quant)?,
                 qkv_cache: g.buffer("q|k|v cache", cache)?,
                 enc_kv: enc_kv.clone(),
-                kv_off: i * 2 * d,
+                kv_off: i * dims.audio_ctx * 2 * d,
                 kv_stride,
             });
         }
@@ -756,14 +757,14 @@ impl GpuWhisper {
         }
         k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
         rec.stage("cross k|v");
-        // Every layer's K|V in one GEMM ([audio_ctx][layers·2d]); the encoder's output stays
-        // in f32 rows as well (`encoder_output` reads them).
-        let kv = Rows::new(&self.enc_kv, self.dec_layers.len() * 2 * du);
+        // Every layer's K|V in one GEMM, each layer's [audio_ctx][2d] after the last's; the
+        // encoder's output stays in f32 rows as well (`encoder_output` reads them).
+        let seg = 2 * d;
         if into_planes && k.uses_planes(a, &self.cross_kv.w) {
             k.split_into_planes(&mut rec, Rows::new(&self.enc_xn, du), a, d)?;
-            k.linear_on_planes(&mut rec, a, &self.cross_kv.w, Some(&self.cross_kv.b), kv, plain)?;
+            k.linear_segments(&mut rec, None, a, &self.cross_kv.w, Some(&self.cross_kv.b), &self.enc_kv, seg)?;
         } else {
-            k.linear(&mut rec, Rows::new(&self.enc_xn, du), a, &self.cross_kv.w, Some(&self.cross_kv.b), kv, plain)?;
+            k.linear_segments(&mut rec, Some(Rows::new(&self.enc_xn, du)), a, &self.cross_kv.w, Some(&self.cross_kv.b), &self.enc_kv, seg)?;
         }
         rec.submit(Some(&mut self.profile))?;
         self.gpu.wait()
