@@ -8,10 +8,10 @@ const CS_STRIDE: u32 = 20u; // floats per row of a subgroup's 16x16 output tile
 
 var<workgroup> cs: array<f32, 1280>; // [4 subgroups][16][CS_STRIDE]
 
-// One 16x16 output block (rows r0.., columns c0.. of the tile) through this subgroup's
-// tile of `cs`: hi + lo / LO_SCALE, then the epilogue. Every subgroup calls it in step
-// (the barriers are workgroup-wide).
-fn emit(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32, row: u32, col: u32) {
+// One 16x16 output block through this subgroup's tile of `cs`: hi + lo / LO_SCALE, this
+// lane's 8 elements (element e = lane + 32 i: row e / 16, column e % 16). Every subgroup
+// calls it in step (the barriers are workgroup-wide).
+fn tile_values(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32) -> array<f32, 8> {
     workgroupBarrier();
     coopStoreT(hi, &cs[cb], CS_STRIDE);
     workgroupBarrier();
@@ -25,8 +25,16 @@ fn emit(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32
     workgroupBarrier();
     for (var i = 0u; i < 8u; i++) {
         let e = lane + i * 32u;
-        let r = e / 16u;
-        let c = e % 16u;
-        store(row + r, col + c, v[i] + cs[cb + r * CS_STRIDE + c] * (1.0 / LO_SCALE));
+        v[i] = v[i] + cs[cb + (e / 16u) * CS_STRIDE + e % 16u] * (1.0 / LO_SCALE);
+    }
+    return v;
+}
+
+// One 16x16 output block (rows row.., columns col.. of Y) through the epilogue.
+fn emit(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32, row: u32, col: u32) {
+    let v = tile_values(hi, lo, cb, lane);
+    for (var i = 0u; i < 8u; i++) {
+        let e = lane + i * 32u;
+        store(row + e / 16u, col + e % 16u, v[i]);
     }
 }

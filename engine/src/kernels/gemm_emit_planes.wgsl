@@ -59,21 +59,9 @@ fn put_plane(row: u32, col: u32, acc: f32, lane: u32) {
 
 // As gemm_coop_emit.wgsl's emit, into planes.
 fn emit_planes(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32, row: u32, col: u32) {
-    workgroupBarrier();
-    coopStoreT(hi, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    var v: array<f32, 8>;
+    let v = tile_values(hi, lo, cb, lane);
     for (var i = 0u; i < 8u; i++) {
         let e = lane + i * 32u;
-        v[i] = cs[cb + (e / 16u) * CS_STRIDE + e % 16u];
-    }
-    workgroupBarrier();
-    coopStoreT(lo, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        let r = e / 16u;
-        let c = e % 16u;
-        put_plane(row + r, col + c, v[i] + cs[cb + r * CS_STRIDE + c] * (1.0 / LO_SCALE), lane);
+        put_plane(row + e / 16u, col + e % 16u, v[i], lane);
     }
 }

@@ -213,7 +213,9 @@ pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
     )
 }
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
-pub const SPLIT_F16_SOURCE: &str = include_str!("split_f16.wgsl");
+pub const SPLIT_F16_SOURCE: &str = concat!(include_str!("split_f16.wgsl"), include_str!("row_stats.wgsl"));
+/// layernorm.wgsl, with the row statistics it shares with split_f16.wgsl.
+const LAYERNORM_SOURCE: &str = concat!(include_str!("layernorm.wgsl"), include_str!("row_stats.wgsl"));
 /// Rows of a gemm_planes.wgsl tile: the planes are padded to a multiple of it.
 const GEMM_PLANES_ROWS: u32 = 64;
 /// K per slice of gemm_planes.wgsl (its `CK`): its GEMMs take K a multiple of it. (64-deep
@@ -617,7 +619,7 @@ pub struct Kernels {
     split_planes: Arc<Kernel>,
     /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
     norm_planes: Arc<Kernel>,
-    /// A convolution's im2col rows into those planes (split_f16.wgsl main_conv_rows);
+    /// A convolution's im2col rows into those planes (split_f16.wgsl main_rows with conv_stride);
     /// `VERBATIM_CONV_PLANES=0` keeps the convolutions on gemm_coop.wgsl (to compare).
     conv_planes: Option<Arc<Kernel>>,
     /// The planes of the GEMM in flight, [2][rows_pad][k] f16, sized by
@@ -723,7 +725,7 @@ impl Kernels {
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
             conv_planes: match std::env::var("VERBATIM_CONV_PLANES").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel_entry("split_f16_conv", SPLIT_F16_SOURCE, "main_conv_rows", &[R, W])?),
+                true => Some(gpu.kernel_entry("split_f16_conv", SPLIT_F16_SOURCE, "main_rows", &[R, W])?),
                 false => None,
             },
             planes: None,
@@ -753,7 +755,7 @@ impl Kernels {
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
             gemv_q8_wide: gpu.kernel_entry("gemv_wide_q8_0", &gemv_q_wide_source()?, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4_wide: gpu.kernel_entry("gemv_wide_q4_0", &gemv_q_wide_source()?, "main_q4", &[R, R, R, R, R, R, W])?,
-            layernorm: gpu.kernel("layernorm", include_str!("layernorm.wgsl"), &[R, R, R, W])?,
+            layernorm: gpu.kernel("layernorm", LAYERNORM_SOURCE, &[R, R, R, W])?,
             attention: gpu.kernel("attention", ATTENTION_SOURCE, &[R, R, R, W])?,
             attention_tiled: gpu.kernel_entry("attention_tiled", ATTENTION_SOURCE, "main_tiled", &[R, R, R, W])?,
             attention_blocked: gpu.kernel_entry("attention_blocked", ATTENTION_BLOCKED_SOURCE, "main_blocked", &[R, R, R, W])?,

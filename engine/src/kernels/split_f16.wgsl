@@ -6,16 +6,16 @@
 //
 // main_rows:  X [rows][cols] (x_off, x_stride) -> [2][rows_pad][cols] (hi plane, lo plane);
 //             rows past `rows` are zero, so consumers read whole 16-row tiles unchecked.
+//             With conv_stride not 0, X is the im2col view of a kernel-3 / padding-1
+//             convolution (gemm_io.wgsl's flag 8: X[t][k] = in[ci * conv_cs + (t *
+//             conv_stride + tap - 1) * conv_ts], ci = k / 3, tap = k % 3, zero outside
+//             [0, conv_tin)): the convolution as gemm_planes' GEMM. Columns from `heads` on
+//             (where it is not 0) are zero: K padded to the GEMM's slice (conv1: 240 -> 256).
 // main_heads: a fused Q|K|V [rows][3 heads 64] -> [6][heads][rows_pad][64] (q hi, q lo,
 //             k hi, k lo, v hi, v lo), q multiplied by `scale`.
-// main_conv_rows: the im2col rows of a kernel-3 / padding-1 convolution (gemm_io.wgsl's
-//             flag 8: X[t][k] = in[ci * conv_cs + (t * conv_stride + tap - 1) * conv_ts],
-//             ci = k / 3, tap = k % 3, zero outside [0, conv_tin)), split as main_rows:
-//             the convolution as gemm_planes' GEMM. Columns from `heads` on (where it is
-//             not 0) are zero: K padded to the GEMM's slice (conv1: 3 x 80 = 240 -> 256).
 // main_norm_rows: LayerNorm(X) (gamma, beta, eps), split as main_rows: the LayerNorm before
 //             a linear layer writes the GEMM's planes itself (one dispatch instead of two).
-//             Its arithmetic is layernorm.wgsl's, step for step (the same values).
+//             Its statistics are layernorm.wgsl's (row_stats.wgsl, appended to both).
 
 struct Params {
     rows: u32, cols: u32, rows_pad: u32, heads: u32,
@@ -43,28 +43,6 @@ fn split_pair(a: f32, b: f32) -> vec2<u32> {
                      pack2x16float(vec2<f32>((a - ha) * LO_SCALE, (b - hb) * LO_SCALE)));
 }
 
-@compute @workgroup_size(256)
-fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let i = (wg.x + wg.y * 32768u) * 256u + lid;
-    let half_cols = p.cols / 2u;
-    let plane = p.rows_pad * half_cols;
-    if (i >= plane) {
-        return;
-    }
-    let r = i / half_cols;
-    let c = 2u * (i % half_cols);
-    var a = 0.0;
-    var b = 0.0;
-    if (r < p.rows) {
-        let s = p.x_off + r * p.x_stride + c;
-        a = x[s];
-        b = x[s + 1u];
-    }
-    let w = split_pair(a, b);
-    out[i] = w.x;
-    out[plane + i] = w.y;
-}
-
 // One element of the im2col view (gemm_io.wgsl's load_x with flag 8).
 fn conv_x(row: u32, col: u32) -> f32 {
     if (p.heads != 0u && col >= p.heads) {
@@ -78,8 +56,18 @@ fn conv_x(row: u32, col: u32) -> f32 {
     return x[p.x_off + ci * p.conv_cs + u32(t) * p.conv_ts];
 }
 
+// Columns c and c + 1 of row r: of X, or of a convolution's im2col view where conv_stride
+// is not 0.
+fn row_pair(r: u32, c: u32) -> vec2<f32> {
+    if (p.conv_stride != 0u) {
+        return vec2<f32>(conv_x(r, c), conv_x(r, c + 1u));
+    }
+    let s = p.x_off + r * p.x_stride + c;
+    return vec2<f32>(x[s], x[s + 1u]);
+}
+
 @compute @workgroup_size(256)
-fn main_conv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let i = (wg.x + wg.y * 32768u) * 256u + lid;
     let half_cols = p.cols / 2u;
     let plane = p.rows_pad * half_cols;
@@ -87,14 +75,11 @@ fn main_conv_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         return;
     }
     let r = i / half_cols;
-    let c = 2u * (i % half_cols);
-    var a = 0.0;
-    var b = 0.0;
+    var v = vec2<f32>(0.0);
     if (r < p.rows) {
-        a = conv_x(r, c);
-        b = conv_x(r, c + 1u);
+        v = row_pair(r, 2u * (i % half_cols));
     }
-    let w = split_pair(a, b);
+    let w = split_pair(v.x, v.y);
     out[i] = w.x;
     out[plane + i] = w.y;
 }
@@ -127,24 +112,6 @@ fn main_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     out[(2u * which + 1u) * plane + j] = w.y;
 }
 
-// As layernorm.wgsl: 128 threads per row, the same partial sums and tree.
-const WG: u32 = 128u;
-var<workgroup> red: array<f32, WG>;
-
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st = st / 2u) {
-        if (lid < st) {
-            red[lid] += red[lid + st];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
-
 // One workgroup per row of the padded planes (rows_pad of them; x_stride is the row width).
 @compute @workgroup_size(128)
 fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -163,17 +130,9 @@ fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         return;
     }
     let xb = p.x_off + row * p.x_stride;
-    var s = 0.0;
-    for (var c = lid; c < p.cols; c += WG) {
-        s += x[xb + c];
-    }
-    let mean = reduce_sum(s, lid) / f32(p.cols);
-    var q = 0.0;
-    for (var c = lid; c < p.cols; c += WG) {
-        let d = x[xb + c] - mean;
-        q += d * d;
-    }
-    let inv = inverseSqrt(reduce_sum(q, lid) / f32(p.cols) + p.eps);
+    let st = row_stats(xb, p.cols, p.eps, lid);
+    let mean = st.x;
+    let inv = st.y;
     for (var j = lid; j < half_cols; j += WG) {
         let c = 2u * j;
         let a = (x[xb + c] - mean) * inv * gamma[c] + beta[c];

@@ -649,15 +649,21 @@ fn run_conv_with(
     }
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "conv coop={coop} cin={cin} t={t_in} cout={cout} stride={stride} time_major={time_major} acc={accumulate}: rel err {e}");
+    kernels_ran(&prof)
+}
+
+/// The kernels a profiled submission ran, sorted.
+fn kernels_ran(prof: &Profile) -> Vec<&'static str> {
     let mut ran: Vec<&'static str> = prof.stats().iter().map(|s| s.kernel).collect();
     ran.sort_unstable();
     ran
 }
 
-/// The convolution through gemm_planes.wgsl (split_f16.wgsl main_conv_rows writes the im2col
+/// The convolution through gemm_planes.wgsl (split_f16.wgsl main_rows writes the im2col
 /// rows as planes; conv2's shape: K a multiple of 32, cout of 64; conv1's: K padded to the
 /// slice with zero weight rows), GELU and the residual, both input layouts and strides,
-/// against the CPU; shapes it does not take stay on the staged GEMM. Runs where the device has cooperative matrices (the H200).
+/// against the CPU; shapes it does not take stay on the staged GEMM. Runs where the device
+/// has cooperative matrices (the H200).
 #[test]
 fn conv_k3_on_planes_matches_reference() {
     let mut r = rng("conv_k3_planes");
@@ -858,9 +864,7 @@ fn run_attention_with(
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "attention tq={tq} tk={tk} h={heads} d={d} causal={causal:?}: rel err {e}");
     // The profile lists kernels by time, not in dispatch order.
-    let mut ran: Vec<&'static str> = prof.stats().iter().map(|s| s.kernel).collect();
-    ran.sort_unstable();
-    ran
+    kernels_ran(&prof)
 }
 
 #[test]
@@ -932,9 +936,7 @@ fn run_attention_fused_with(mut kern: Kernels, r: &mut StdRng, t: usize, heads: 
     let want = ops::attention(&q, &k, &v, t, t, heads, d, None);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "fused attention t={t} h={heads}: rel err {e}");
-    let mut ran: Vec<&'static str> = prof.stats().iter().map(|s| s.kernel).collect();
-    ran.sort_unstable();
-    ran
+    kernels_ran(&prof)
 }
 
 /// The encoder's self-attention on tensor cores (attention_coop.wgsl) against the CPU on the
