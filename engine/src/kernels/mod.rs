@@ -619,6 +619,12 @@ pub struct Kernels {
     split_planes: Arc<Kernel>,
     /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
     norm_planes: Arc<Kernel>,
+    /// Whether the encoder's LayerNorms write the GEMM planes (else a LayerNorm and a
+    /// split); `VERBATIM_NORM_PLANES=0`: not, to compare on a device.
+    pub norm_into_planes: bool,
+    /// Whether the encoder's GEMMs write the planes their readers take (Q|K|V -> head
+    /// planes, fc1 -> fc2's); `VERBATIM_EPILOGUE_PLANES=0`: not, to compare on a device.
+    pub gemm_into_planes: bool,
     /// A convolution's im2col rows into those planes (split_f16.wgsl main_rows with conv_stride);
     /// `VERBATIM_CONV_PLANES=0` keeps the convolutions on gemm_coop.wgsl (to compare).
     conv_planes: Option<Arc<Kernel>>,
@@ -724,6 +730,8 @@ impl Kernels {
             },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
+            norm_into_planes: std::env::var("VERBATIM_NORM_PLANES").map_or(true, |v| v != "0"),
+            gemm_into_planes: std::env::var("VERBATIM_EPILOGUE_PLANES").map_or(true, |v| v != "0"),
             conv_planes: match std::env::var("VERBATIM_CONV_PLANES").map_or(true, |v| v != "0") {
                 true => Some(gpu.kernel_entry("split_f16_conv", SPLIT_F16_SOURCE, "main_rows", &[R, W])?),
                 false => None,

@@ -699,7 +699,7 @@ impl GpuWhisper {
         // y (=|+=) act(LayerNorm(x) Wᵀ + b): where the GEMM runs over f16 planes, the
         // LayerNorm writes them (one dispatch, not a LayerNorm and a split).
         // (`VERBATIM_NORM_PLANES=0`: a LayerNorm and a split, to compare on a device)
-        let into_planes = std::env::var("VERBATIM_NORM_PLANES").map_or(true, |v| v != "0");
+        let into_planes = k.norm_into_planes;
         let norm_linear = |rec: &mut Recorder, norm: &Norm, lin: &Linear, y: Rows, ep: Epilogue, stage: &'static str| -> Result<()> {
             if into_planes && k.uses_planes(a, &lin.w) {
                 k.layer_norm_planes(rec, &self.enc_x, 0, a, d, &norm.gamma, &norm.beta, LN_EPS)?;
@@ -716,7 +716,7 @@ impl GpuWhisper {
         // Where the GEMMs can write f16 planes themselves (`VERBATIM_EPILOGUE_PLANES=0`: not,
         // to compare on a device): the Q|K|V projection writes the attention's head planes,
         // fc1 the planes fc2 reads; two splits a layer go.
-        let epilogue_planes = into_planes && std::env::var("VERBATIM_EPILOGUE_PLANES").map_or(true, |v| v != "0");
+        let epilogue_planes = into_planes && k.gemm_into_planes;
         for l in &self.enc_layers {
             let args = AttentionArgs {
                 q: Rows::at(&self.enc_qkv, 0, 3 * du),
