@@ -402,6 +402,13 @@ fn linear_segments_matches_reference() {
     assert!(kern.linear_segments(&mut g.recorder(), Some(Rows::new(&xb, 32)), 100, &wm, None, &yb, 48).is_err());
 }
 
+/// Element `i` of [rows][cols] f16 planes read as words (`plane` words a plane): its hi and
+/// lo halves.
+fn plane_halves(words: &[u32], plane: usize, i: usize) -> (f32, f32) {
+    let half = |w: u32| half::f16::from_bits((w >> (16 * (i % 2))) as u16).to_f32();
+    (half(words[i / 2]), half(words[plane + i / 2]))
+}
+
 /// Words of a planes buffer (`n` f16 pairs from `at`).
 fn plane_words(b: &wgpu::Buffer, at: usize, n: usize) -> Vec<u32> {
     bytemuck::cast_slice(&gpu().read(b, at as u64 * 4, n as u64 * 4).unwrap()).to_vec()
@@ -564,12 +571,10 @@ fn split_f16_rows_match_the_cpu_split() {
         let mut rec = g.recorder();
         kern.split_f16_rows(&mut rec, Rows { buf: &xb, off: off as u32, stride: stride as u32 }, rows as u32, cols as u32, &out).unwrap();
         rec.submit(None).unwrap();
-        let got: Vec<u32> = bytemuck::cast_slice(&g.read(&out, 0, words as u64 * 8).unwrap()).to_vec();
-        let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32();
+        let got = plane_words(&out, 0, 2 * words);
         for row in 0..rows_pad {
             for c in 0..cols {
-                let (wi, hi_i) = (row * cols / 2 + c / 2, c % 2);
-                let (h, l) = (half(got[wi], hi_i), half(got[words + wi], hi_i));
+                let (h, l) = plane_halves(&got, words, row * cols + c);
                 if row >= rows {
                     assert!(h == 0.0 && l == 0.0, "padding row {row} col {c}: {h} {l}");
                     continue;
@@ -650,6 +655,19 @@ fn run_conv_with(
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "conv coop={coop} cin={cin} t={t_in} cout={cout} stride={stride} time_major={time_major} acc={accumulate}: rel err {e}");
     kernels_ran(&prof)
+}
+
+/// A convolution weight padded past its im2col columns (conv1 for the planes GEMM) is
+/// refused where that GEMM does not run (the staged GEMMs would read past the channels).
+#[test]
+fn padded_conv_weight_needs_the_planes_gemm() {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap().without_coop();
+    let wm = F16Matrix::from_bits(g, "w", &vec![0u16; 64 * 32], 64, 32).unwrap();
+    let (ib, bb, ob) = (g.buffer("in", 10 * 70 * 4).unwrap(), g.buffer("b", 64 * 4).unwrap(), g.buffer("out", 70 * 64 * 4).unwrap());
+    let err = kern.conv_k3_cols(&mut g.recorder(), &ib, 70, 70, 1, 1, &wm, 30, &bb, &ob, Epilogue::default());
+    assert!(matches!(err, Err(Error::Invalid(_))), "{err:?}");
+    assert_eq!(kern.conv_padded_k(30), None);
 }
 
 /// The kernels a profiled submission ran, sorted.
@@ -750,12 +768,10 @@ fn layer_norm_into_planes_matches_layer_norm_rows() {
         let want = ops::layer_norm(&x[off..], rows, cols, &gm, &bt, 1e-5);
         let e = rel_err(&rows_f32, &want);
         assert!(e < 1e-5, "layer_norm {rows}x{cols}: rel err {e}");
-        let got: Vec<u32> = bytemuck::cast_slice(&g.read(&out, 0, words as u64 * 8).unwrap()).to_vec();
-        let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32();
+        let got = plane_words(&out, 0, 2 * words);
         for row in 0..rows_pad {
             for c in 0..cols {
-                let (wi, hi_i) = (row * cols / 2 + c / 2, c % 2);
-                let (h, l) = (half(got[wi], hi_i), half(got[words + wi], hi_i));
+                let (h, l) = plane_halves(&got, words, row * cols + c);
                 if row >= rows {
                     assert!(h == 0.0 && l == 0.0, "padding row {row} col {c}: {h} {l}");
                     continue;
