@@ -162,16 +162,19 @@ pub const GEMM_PLANES_SOURCE: &str = concat!(
     include_str!("gemm_epilogue.wgsl"),
     include_str!("gemm_coop_emit.wgsl")
 );
-/// gemm_planes.wgsl over tiles of 32 rows instead of 64 (twice the workgroups for GEMMs of
-/// few columns: tiny.en's out projection, fc2 and conv2 have N = 384, 144 workgroups of 64
-/// rows on a device of 132 SMs).
+/// gemm_planes.wgsl over tiles of 32 rows instead of 64 (twice the workgroups: tiny.en's out
+/// projection, fc2 and conv2 have N = 384, 144 workgroups of 64 rows on a device of 132
+/// SMs; and each subgroup holds 1 x 2 accumulator blocks instead of 2 x 2, so more
+/// subgroups fit an SM, which is why wide GEMMs gain too).
 pub fn gemm_planes_narrow_source() -> Result<String> {
     rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &[("const TM: u32 = 64u;", "const TM: u32 = 32u;")])
 }
 
 /// GEMMs of at most this many columns take [`gemm_planes_narrow_source`]'s tiles (or
-/// `VERBATIM_GEMM_NARROW_MAX_N`, to compare on a device).
-const GEMM_PLANES_NARROW_MAX_N: u32 = 512;
+/// `VERBATIM_GEMM_NARROW_MAX_N`, to compare on a device): all of them. On the H200 the
+/// 32-row tiles were faster at every width measured, wide ones too (tiny.en fc1, N = 1536:
+/// 63 -> 46 us; the cross K|V, N = 3072: 109 -> 80; small.en's N = 768 GEMMs by 25-30 %).
+const GEMM_PLANES_NARROW_MAX_N: u32 = u32::MAX;
 
 /// gemm_planes.wgsl writing its output as f16 hi/lo planes (gemm_emit_planes.wgsl): rows
 /// planes for the next GEMM, or a fused Q|K|V's head planes for attention_coop.wgsl.
@@ -605,7 +608,7 @@ pub struct Kernels {
     gemm_planes: Option<Arc<Kernel>>,
     /// gemm_planes.wgsl writing f16 planes (gemm_emit_planes.wgsl), with gemm_planes.
     gemm_planes_out: Option<Arc<Kernel>>,
-    /// gemm_planes.wgsl over 32-row tiles, for GEMMs of few columns;
+    /// gemm_planes.wgsl over 32-row tiles, for every GEMM (up to `narrow_max_n` columns);
     /// `VERBATIM_GEMM_NARROW=0` leaves it out (to compare on a device).
     gemm_planes_narrow: Option<Arc<Kernel>>,
     /// gemm_planes_out over 32-row tiles, with gemm_planes_narrow.
@@ -1143,8 +1146,9 @@ impl Kernels {
         let b = bias.unwrap_or(&self.zero);
         let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: 0, y_stride: 0, m_pad, q_scale };
         let (kernel, groups) = match &self.gemm_planes_out_narrow {
-            Some(narrow) if w.n <= self.narrow_max_n => (narrow, [w.n.div_ceil(64), m.div_ceil(32), 1]),
-            _ => (kernel, [w.n.div_ceil(64), m.div_ceil(64), 1]),
+            // (over m_pad: the tiles past the last row write the padding rows' zeros)
+            Some(narrow) if w.n <= self.narrow_max_n => (narrow, [w.n.div_ceil(64), m_pad.div_ceil(32), 1]),
+            _ => (kernel, [w.n.div_ceil(64), m_pad.div_ceil(64), 1]),
         };
         rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, &self.zero, out], groups, cost)
     }

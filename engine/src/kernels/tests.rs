@@ -325,6 +325,8 @@ fn linear_gemm_on_planes_matches_reference() {
         return;
     };
     kern.reserve_gemm_planes(g, 300, 512).unwrap();
+    // Up to 512 columns over 32-row tiles, more over 64-row ones: both kernels run.
+    kern.narrow_max_n = 512;
     let cases = [
         (9, 64, 32, true, false, false),
         (67, 128, 96, true, true, false),
@@ -332,7 +334,7 @@ fn linear_gemm_on_planes_matches_reference() {
         (203, 64, 416, true, true, true),
         (300, 128, 512, true, false, true),
         (77, 64, 192, true, true, false),
-        // more than GEMM_PLANES_NARROW_MAX_N columns: 64-row tiles (the rest: 32-row)
+        // more than 512 columns: 64-row tiles
         (203, 576, 416, true, true, true),
         (70, 640, 64, true, false, false),
     ];
@@ -429,120 +431,124 @@ fn gemm_into_planes_matches_reference_and_the_split() {
     };
     kern.reserve_gemm_planes(g, 300, 512).unwrap();
     let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32() as f64;
-    // Rows planes: fc1 (GELU) into planes, then fc2 (residual) from them.
-    for &(m, k, n, n2) in &[(70usize, 64usize, 128usize, 64usize), (300, 96, 512, 192)] {
-        let m_pad = m.next_multiple_of(64);
-        let x = rand_vec(&mut r, m * k, 1.0);
-        let w1 = f16_round(&rand_vec(&mut r, n * k, 0.5));
-        let b1 = rand_vec(&mut r, n, 0.5);
-        let w2 = f16_round(&rand_vec(&mut r, n2 * n, 0.5));
-        let b2 = rand_vec(&mut r, n2, 0.5);
-        let y0 = rand_vec(&mut r, m * n2, 1.0);
-        let xb = g.upload_f32("x", &x).unwrap();
-        let (w1m, w2m) = (F16Matrix::from_bits(g, "w1", &f16_bits(&w1), n, k).unwrap(), F16Matrix::from_bits(g, "w2", &f16_bits(&w2), n2, n).unwrap());
-        let (b1b, b2b) = (g.upload_f32("b1", &b1).unwrap(), g.upload_f32("b2", &b2).unwrap());
-        assert!(kern.planes_to_planes(m as u32, &w1m) && kern.takes_second_planes(m as u32, &w2m));
-        let gelu = Epilogue { gelu: true, accumulate: false };
-        let acc = Epilogue { gelu: false, accumulate: true };
-        // The old path: rows, split, rows.
-        let (hb, ya, split) = (poisoned(m * n), poisoned(m * n2), g.buffer("split", (m_pad * n * 4) as u64).unwrap());
-        g.write(&ya, 0, bytemuck::cast_slice(&y0));
-        g.fill_u32(&split, NAN_BITS);
-        let mut rec = g.recorder();
-        kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &w1m, Some(&b1b), Rows::new(&hb, n), gelu).unwrap();
-        kern.split_f16_rows(&mut rec, Rows::new(&hb, n), m as u32, n as u32, &split).unwrap();
-        kern.linear(&mut rec, Rows::new(&hb, n), m as u32, &w2m, Some(&b2b), Rows::new(&ya, n2), acc).unwrap();
-        rec.submit(None).unwrap();
-        // The new one: planes, planes, rows.
-        let yb = poisoned(m * n2);
-        g.write(&yb, 0, bytemuck::cast_slice(&y0));
-        g.fill_u32(kern.planes_out.as_ref().unwrap(), NAN_BITS);
-        let mut rec = g.recorder();
-        kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
-        kern.linear_planes_to_planes(&mut rec, m as u32, &w1m, Some(&b1b), true).unwrap();
-        kern.linear_on_second_planes(&mut rec, m as u32, &w2m, Some(&b2b), Rows::new(&yb, n2), acc).unwrap();
-        rec.submit(None).unwrap();
-        let words = m_pad * n / 2;
-        let got = plane_words(kern.planes_out.as_ref().unwrap(), 0, 2 * words);
-        let want: Vec<f32> = ops::linear(&x, m, k, &w1, n, Some(&b1[..])).into_iter().map(ops::gelu).collect();
-        for row in 0..m_pad {
-            for c in 0..n {
-                let (wi, hi_i) = (row * n / 2 + c / 2, c % 2);
-                let v = half(got[wi], hi_i) + half(got[words + wi], hi_i) / 4096.0;
-                if row >= m {
-                    assert_eq!(v, 0.0, "padding row {row} col {c}");
-                } else {
-                    let w = want[row * n + c] as f64;
-                    assert!((v - w).abs() <= 1e-5 * (1.0 + w.abs()), "m={m} n={n} row {row} col {c}: {v} against {w}");
-                }
-            }
-        }
-        assert_eq!(got, plane_words(&split, 0, 2 * words), "fc1 planes against rows + split, m={m} n={n}");
-        let (old, new) = (g.read_f32(&ya, 0, m * n2).unwrap(), g.read_f32(&yb, 0, m * n2).unwrap());
-        assert!(old.iter().zip(&new).all(|(a, b)| a.to_bits() == b.to_bits()), "fc2 from planes against from rows, m={m}");
-    }
-    // Head planes: LayerNorm into planes, the fused Q|K|V into head planes, the attention.
-    for &(m, heads, k) in &[(70usize, 2usize, 64usize), (300, 3, 96)] {
-        let n = 3 * heads * 64;
-        let m_pad = m.next_multiple_of(64);
-        kern.reserve_blocked_attention(g, m as u32, heads as u32).unwrap();
-        let x = rand_vec(&mut r, m * k, 1.0);
-        let w = f16_round(&rand_vec(&mut r, n * k, 0.3));
-        let b = rand_vec(&mut r, n, 0.5);
-        let xb = g.upload_f32("x", &x).unwrap();
-        let wm = F16Matrix::from_bits(g, "wqkv", &f16_bits(&w), n, k).unwrap();
-        let bb = g.upload_f32("b", &b).unwrap();
-        assert!(kern.qkv_to_heads(m as u32, heads as u32, &wm));
-        let qkv = poisoned(m * n);
-        let args = |out| AttentionArgs {
-            q: Rows::at(&qkv, 0, n),
-            k: Rows::at(&qkv, heads * 64, n),
-            v: Rows::at(&qkv, 2 * heads * 64, n),
-            out: Rows::new(out, heads * 64),
-            tq: m as u32,
-            tk: m as u32,
-            heads: heads as u32,
-            head_dim: 64,
-            causal: None,
-        };
-        let (oa, ob) = (poisoned(m * heads * 64), poisoned(m * heads * 64));
-        let hp = kern.head_planes.as_ref().unwrap();
-        let hp_words = 3 * heads * m_pad * 32;
-        g.fill_u32(hp, NAN_BITS);
-        let mut rec = g.recorder();
-        kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &wm, Some(&bb), Rows::new(&qkv, n), Epilogue::default()).unwrap();
-        kern.attention(&mut rec, &args(&oa)).unwrap();
-        rec.submit(None).unwrap();
-        let old_planes = plane_words(hp, 0, 2 * hp_words);
-        g.fill_u32(hp, NAN_BITS);
-        let mut rec = g.recorder();
-        kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
-        kern.linear_planes_to_heads(&mut rec, m as u32, heads as u32, &wm, Some(&bb)).unwrap();
-        kern.attention_on_head_planes(&mut rec, &args(&ob)).unwrap();
-        rec.submit(None).unwrap();
-        let got = plane_words(hp, 0, 2 * hp_words);
-        let want = ops::linear(&x, m, k, &w, n, Some(&b[..]));
-        let plane = heads * m_pad * 32;
-        for which in 0..3 {
-            for h in 0..heads {
-                for row in 0..m_pad {
-                    for dd in 0..64 {
-                        let wi = 2 * which * plane + (h * m_pad + row) * 32 + dd / 2;
-                        let v = half(got[wi], dd % 2) + half(got[wi + plane], dd % 2) / 4096.0;
-                        if row >= m {
-                            assert_eq!(v, 0.0, "padding row {row}");
-                            continue;
-                        }
-                        let scale = if which == 0 { 0.125 } else { 1.0 };
-                        let w = want[row * n + (which * heads + h) * 64 + dd] as f64 * scale;
-                        assert!((v - w).abs() <= 1e-5 * (1.0 + w.abs()), "m={m} which {which} head {h} row {row} dim {dd}: {v} against {w}");
+    // Both tile heights (32-row tiles write the padding rows past their last tile too).
+    for max_n in [u32::MAX, 0] {
+        kern.narrow_max_n = max_n;
+        // Rows planes: fc1 (GELU) into planes, then fc2 (residual) from them.
+        for &(m, k, n, n2) in &[(70usize, 64usize, 128usize, 64usize), (300, 96, 512, 192)] {
+            let m_pad = m.next_multiple_of(64);
+            let x = rand_vec(&mut r, m * k, 1.0);
+            let w1 = f16_round(&rand_vec(&mut r, n * k, 0.5));
+            let b1 = rand_vec(&mut r, n, 0.5);
+            let w2 = f16_round(&rand_vec(&mut r, n2 * n, 0.5));
+            let b2 = rand_vec(&mut r, n2, 0.5);
+            let y0 = rand_vec(&mut r, m * n2, 1.0);
+            let xb = g.upload_f32("x", &x).unwrap();
+            let (w1m, w2m) = (F16Matrix::from_bits(g, "w1", &f16_bits(&w1), n, k).unwrap(), F16Matrix::from_bits(g, "w2", &f16_bits(&w2), n2, n).unwrap());
+            let (b1b, b2b) = (g.upload_f32("b1", &b1).unwrap(), g.upload_f32("b2", &b2).unwrap());
+            assert!(kern.planes_to_planes(m as u32, &w1m) && kern.takes_second_planes(m as u32, &w2m));
+            let gelu = Epilogue { gelu: true, accumulate: false };
+            let acc = Epilogue { gelu: false, accumulate: true };
+            // The old path: rows, split, rows.
+            let (hb, ya, split) = (poisoned(m * n), poisoned(m * n2), g.buffer("split", (m_pad * n * 4) as u64).unwrap());
+            g.write(&ya, 0, bytemuck::cast_slice(&y0));
+            g.fill_u32(&split, NAN_BITS);
+            let mut rec = g.recorder();
+            kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &w1m, Some(&b1b), Rows::new(&hb, n), gelu).unwrap();
+            kern.split_f16_rows(&mut rec, Rows::new(&hb, n), m as u32, n as u32, &split).unwrap();
+            kern.linear(&mut rec, Rows::new(&hb, n), m as u32, &w2m, Some(&b2b), Rows::new(&ya, n2), acc).unwrap();
+            rec.submit(None).unwrap();
+            // The new one: planes, planes, rows.
+            let yb = poisoned(m * n2);
+            g.write(&yb, 0, bytemuck::cast_slice(&y0));
+            g.fill_u32(kern.planes_out.as_ref().unwrap(), NAN_BITS);
+            let mut rec = g.recorder();
+            kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
+            kern.linear_planes_to_planes(&mut rec, m as u32, &w1m, Some(&b1b), true).unwrap();
+            kern.linear_on_second_planes(&mut rec, m as u32, &w2m, Some(&b2b), Rows::new(&yb, n2), acc).unwrap();
+            rec.submit(None).unwrap();
+            let words = m_pad * n / 2;
+            let got = plane_words(kern.planes_out.as_ref().unwrap(), 0, 2 * words);
+            let want: Vec<f32> = ops::linear(&x, m, k, &w1, n, Some(&b1[..])).into_iter().map(ops::gelu).collect();
+            for row in 0..m_pad {
+                for c in 0..n {
+                    let (wi, hi_i) = (row * n / 2 + c / 2, c % 2);
+                    let v = half(got[wi], hi_i) + half(got[words + wi], hi_i) / 4096.0;
+                    if row >= m {
+                        assert_eq!(v, 0.0, "padding row {row} col {c}, narrow max {max_n}");
+                    } else {
+                        let w = want[row * n + c] as f64;
+                        assert!((v - w).abs() <= 1e-5 * (1.0 + w.abs()), "m={m} n={n} row {row} col {c}: {v} against {w}");
                     }
                 }
             }
+            assert_eq!(got, plane_words(&split, 0, 2 * words), "fc1 planes against rows + split, m={m} n={n}");
+            let (old, new) = (g.read_f32(&ya, 0, m * n2).unwrap(), g.read_f32(&yb, 0, m * n2).unwrap());
+            assert!(old.iter().zip(&new).all(|(a, b)| a.to_bits() == b.to_bits()), "fc2 from planes against from rows, m={m}");
         }
-        assert_eq!(got, old_planes, "head planes against rows + split, m={m} heads={heads}");
-        let (a, bn) = (g.read_f32(&oa, 0, m * heads * 64).unwrap(), g.read_f32(&ob, 0, m * heads * 64).unwrap());
-        assert!(a.iter().zip(&bn).all(|(p, q)| p.to_bits() == q.to_bits()), "attention from head planes, m={m}");
+        // Head planes: LayerNorm into planes, the fused Q|K|V into head planes, the attention.
+        for &(m, heads, k) in &[(70usize, 2usize, 64usize), (300, 3, 96)] {
+            let n = 3 * heads * 64;
+            let m_pad = m.next_multiple_of(64);
+            kern.reserve_blocked_attention(g, m as u32, heads as u32).unwrap();
+            let x = rand_vec(&mut r, m * k, 1.0);
+            let w = f16_round(&rand_vec(&mut r, n * k, 0.3));
+            let b = rand_vec(&mut r, n, 0.5);
+            let xb = g.upload_f32("x", &x).unwrap();
+            let wm = F16Matrix::from_bits(g, "wqkv", &f16_bits(&w), n, k).unwrap();
+            let bb = g.upload_f32("b", &b).unwrap();
+            assert!(kern.qkv_to_heads(m as u32, heads as u32, &wm));
+            let qkv = poisoned(m * n);
+            let args = |out| AttentionArgs {
+                q: Rows::at(&qkv, 0, n),
+                k: Rows::at(&qkv, heads * 64, n),
+                v: Rows::at(&qkv, 2 * heads * 64, n),
+                out: Rows::new(out, heads * 64),
+                tq: m as u32,
+                tk: m as u32,
+                heads: heads as u32,
+                head_dim: 64,
+                causal: None,
+            };
+            let (oa, ob) = (poisoned(m * heads * 64), poisoned(m * heads * 64));
+            let hp = kern.head_planes.as_ref().unwrap();
+            let hp_words = 3 * heads * m_pad * 32;
+            g.fill_u32(hp, NAN_BITS);
+            let mut rec = g.recorder();
+            kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &wm, Some(&bb), Rows::new(&qkv, n), Epilogue::default()).unwrap();
+            kern.attention(&mut rec, &args(&oa)).unwrap();
+            rec.submit(None).unwrap();
+            let old_planes = plane_words(hp, 0, 2 * hp_words);
+            g.fill_u32(hp, NAN_BITS);
+            let mut rec = g.recorder();
+            kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
+            kern.linear_planes_to_heads(&mut rec, m as u32, heads as u32, &wm, Some(&bb)).unwrap();
+            kern.attention_on_head_planes(&mut rec, &args(&ob)).unwrap();
+            rec.submit(None).unwrap();
+            let got = plane_words(hp, 0, 2 * hp_words);
+            let want = ops::linear(&x, m, k, &w, n, Some(&b[..]));
+            let plane = heads * m_pad * 32;
+            for which in 0..3 {
+                for h in 0..heads {
+                    for row in 0..m_pad {
+                        for dd in 0..64 {
+                            let wi = 2 * which * plane + (h * m_pad + row) * 32 + dd / 2;
+                            let v = half(got[wi], dd % 2) + half(got[wi + plane], dd % 2) / 4096.0;
+                            if row >= m {
+                                assert_eq!(v, 0.0, "padding row {row}, narrow max {max_n}");
+                                continue;
+                            }
+                            let scale = if which == 0 { 0.125 } else { 1.0 };
+                            let w = want[row * n + (which * heads + h) * 64 + dd] as f64 * scale;
+                            assert!((v - w).abs() <= 1e-5 * (1.0 + w.abs()), "m={m} which {which} head {h} row {row} dim {dd}: {v} against {w}");
+                        }
+                    }
+                }
+            }
+            assert_eq!(got, old_planes, "head planes against rows + split, m={m} heads={heads}");
+            let (a, bn) = (g.read_f32(&oa, 0, m * heads * 64).unwrap(), g.read_f32(&ob, 0, m * heads * 64).unwrap());
+            assert!(a.iter().zip(&bn).all(|(p, q)| p.to_bits() == q.to_bits()), "attention from head planes, m={m}");
+        }
     }
 }
 
@@ -690,7 +696,7 @@ fn conv_k3_on_planes_matches_reference() {
         return;
     };
     kern.reserve_gemm_planes(g, 200, 384).unwrap();
-    // (gemm_planes_f16 over 32-row tiles for these few columns, 64-row where
+    // (gemm_planes_f16 over 32-row tiles, 64-row where
     // VERBATIM_GEMM_NARROW=0)
     let narrow = ["gemm_planes_f16 (32-row tiles)", "split_f16_conv"];
     let planes = if kern.gemm_planes_narrow.is_some() { narrow.to_vec() } else { vec!["gemm_planes_f16", "split_f16_conv"] };
