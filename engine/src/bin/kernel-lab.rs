@@ -72,28 +72,6 @@ const GEMM_DIRECT: &str = concat!(
 );
 const GEMM_PLANES: &str = engine::kernels::GEMM_PLANES_SOURCE;
 
-/// gemm_planes.wgsl rewritten for 256 threads (8 subgroups) over 128x64 tiles: a workgroup
-/// stages half the W words per output and passes half the barriers per output (H200: slower).
-fn gemm_planes_wide() -> LabResult<String> {
-    let threads = |f: &'static str| (f, f.replace("128u * i", "256u * i"));
-    let edits: Vec<(&str, String)> = vec![
-        ("var<workgroup> xs_hi: array<vec4<f16>, 640>;", "var<workgroup> xs_hi: array<vec4<f16>, 1280>;".into()),
-        ("var<workgroup> xs_lo: array<vec4<f16>, 640>;", "var<workgroup> xs_lo: array<vec4<f16>, 1280>;".into()),
-        ("var<workgroup> cs: array<f32, 1280>;", "var<workgroup> cs: array<f32, 2560>;".into()),
-        threads("fn xw(base: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {\n    let e = lid + 128u * i;"),
-        threads("fn ww(col0: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {\n    let e = lid + 128u * i;"),
-        threads("fn put_x(hi: vec4<f16>, lo: vec4<f16>, lid: u32, i: u32) {\n    let e = lid + 128u * i;"),
-        threads("fn put_w(v: vec4<f16>, lid: u32, i: u32) {\n    let e = lid + 128u * i;"),
-        ("@compute @workgroup_size(128)", "@compute @workgroup_size(256)".into()),
-        ("    let row0 = wg.y * 64u;", "    let row0 = wg.y * 128u;".into()),
-        // 32 k-rows x 16 W words are 2 per thread now, not 4
-        ("    var w2 = ww(col0, 0u, lid, 2u);\n    var w3 = ww(col0, 0u, lid, 3u);\n", String::new()),
-        ("        put_w(w2, lid, 2u);\n        put_w(w3, lid, 3u);\n", String::new()),
-        ("            w2 = ww(col0, k1, lid, 2u);\n            w3 = ww(col0, k1, lid, 3u);\n", String::new()),
-    ];
-    let e: Vec<(&str, &str)> = edits.iter().map(|(a, b)| (*a, b.as_str())).collect();
-    Ok(engine::kernels::rewrite_source("gemm_planes_wide", GEMM_PLANES, &e)?)
-}
 const ATTN_STAGED: &str = engine::kernels::ATTENTION_COOP_SOURCE;
 
 // ---------------------------------------------------------------------------------------
@@ -1422,7 +1400,11 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         // (name, change, source, rows per workgroup)
         let planes_variants = [
             ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string(), 64u32),
-            ("gemm_planes_wide", "256 threads over 128x64 tiles", gemm_planes_wide()?, 128),
+            // (256 threads over 128x64 tiles, gemm_planes_wide, was slower and went: RESULTS.md
+            // "2026-12-03")
+            ("gemm_planes.tm32", "32-row tiles (the engine's for every GEMM)", engine::kernels::gemm_planes_source(32, 2)?, 32),
+            ("gemm_planes.stages1", "one staging buffer, two barriers a slice", engine::kernels::gemm_planes_source(64, 1)?, 64),
+            ("gemm_planes.tm32.stages1", "32-row tiles, one staging buffer", engine::kernels::gemm_planes_source(32, 1)?, 32),
             (
                 "gemm_planes.ck64",
                 "64-deep K slices (twice the words in flight, half the barriers; engine: slower)",
