@@ -867,10 +867,9 @@ fn split_write(acc0: f32, acc1: f32, mx: f32, total: f32, qi: u32, h: u32, split
     }
 }
 
-@compute @workgroup_size(64)
-fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let qi = wg.x;
-    let h = wg.y;
+// Query qi, head h merged over its splits: output dimensions lid and lid + 64 (lanes past d
+// read dimension d - 1 and drop it).
+fn merged(qi: u32, h: u32, lid: u32) -> vec2<f32> {
     let d = p.d;
     let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
     let ps = d + 2u;
@@ -919,11 +918,51 @@ fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             acc1 = fma(q[pb + c1], w, acc1);
         }
     }
+    return vec2<f32>(acc0 / l, acc1 / l);
+}
+
+@compute @workgroup_size(64)
+fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let qi = wg.x;
+    let h = wg.y;
+    let d = p.d;
+    let r = merged(qi, h, lid);
     let ob = p.o_off + qi * p.o_stride + h * d;
     if (lid < d) {
-        o[ob + lid] = acc0 / l;
+        o[ob + lid] = r.x;
     }
     if (lid + 64u < d) {
-        o[ob + lid + 64u] = acc1 / l;
+        o[ob + lid + 64u] = r.y;
+    }
+}
+
+// `main_merge_planes`: main_merge writing the output rows ([tq][heads d]) as the f16 hi/lo
+// planes the next GEMM reads (split_f16.wgsl main_rows' layout: [2][rows_pad][heads d], rows
+// from tq to rows_pad zero; a workgroup per padded row and head), so the split between the
+// attention and the out projection goes. The values are main_merge's (the same function),
+// split as main_rows splits them.
+@group(0) @binding(5) var<storage, read_write> o_planes: array<u32>;
+
+var<workgroup> mrow: array<f32, MAXD>;
+
+@compute @workgroup_size(64)
+fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let qi = wg.x;
+    let h = wg.y;
+    let d = p.d;
+    var r = vec2<f32>(0.0);
+    if (qi < p.tq) {
+        r = merged(qi, h, lid);
+    }
+    mrow[lid] = r.x;
+    mrow[lid + 64u] = r.y;
+    workgroupBarrier();
+    let half_row = p.heads * d / 2u;
+    let plane = p.rows_pad * half_row;
+    if (lid < d / 2u) {
+        let w = split_pair(mrow[2u * lid], mrow[2u * lid + 1u]);
+        let at = qi * half_row + h * d / 2u + lid;
+        o_planes[at] = w.x;
+        o_planes[plane + at] = w.y;
     }
 }

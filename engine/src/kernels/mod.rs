@@ -117,7 +117,7 @@ pub const GEMV_ROWS_SOURCE: &str =
 /// Outputs per workgroup of gemv_rows.wgsl (GROUPS = 8 x RPG = 4).
 const GEMV_ROWS_OUTPUTS: u32 = 32;
 /// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
-pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention_io.wgsl"), include_str!("attention.wgsl"));
+pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention_io.wgsl"), include_str!("attention.wgsl"), include_str!("f16_split.wgsl"));
 /// attention_blocked.wgsl: the register-blocked attention for many queries of head_dim 64.
 pub const ATTENTION_BLOCKED_SOURCE: &str =
     concat!(include_str!("attention_io.wgsl"), include_str!("attention_blocked.wgsl"));
@@ -235,7 +235,7 @@ pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
     )
 }
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
-pub const SPLIT_F16_SOURCE: &str = concat!(include_str!("split_f16.wgsl"), include_str!("row_stats.wgsl"));
+pub const SPLIT_F16_SOURCE: &str = concat!(include_str!("split_f16.wgsl"), include_str!("row_stats.wgsl"), include_str!("f16_split.wgsl"));
 /// layernorm.wgsl, with the row statistics it shares with split_f16.wgsl.
 const LAYERNORM_SOURCE: &str = concat!(include_str!("layernorm.wgsl"), include_str!("row_stats.wgsl"));
 /// Rows of a gemm_planes.wgsl tile: the planes are padded to a multiple of it.
@@ -531,7 +531,9 @@ struct AttentionParams {
     split_keys: u32,
     /// main_split: a single split writes the normalised output itself (no merge).
     direct: u32,
-    _pad: [u32; 3],
+    /// main_merge_planes: rows of its planes output.
+    rows_pad: u32,
+    _pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -641,12 +643,18 @@ pub struct Kernels {
     split_planes: Arc<Kernel>,
     /// A LayerNorm writing those planes (split_f16.wgsl main_norm_rows).
     norm_planes: Arc<Kernel>,
+    /// The same writing its f32 rows as well (main_norm_rows_out).
+    norm_planes_rows: Arc<Kernel>,
     /// Whether the encoder's LayerNorms write the GEMM planes (else a LayerNorm and a
     /// split); `VERBATIM_NORM_PLANES=0`: not, to compare on a device.
     pub norm_into_planes: bool,
     /// Whether the encoder's GEMMs write the planes their readers take (Q|K|V -> head
     /// planes, fc1 -> fc2's); `VERBATIM_EPILOGUE_PLANES=0`: not, to compare on a device.
     pub gemm_into_planes: bool,
+    /// Whether the encoder's attention merges its key splits into the out projection's
+    /// planes (attention.wgsl main_merge_planes; else rows and a split);
+    /// `VERBATIM_MERGE_PLANES=0`: not, to compare on a device.
+    pub merge_into_planes: bool,
     /// A convolution's im2col rows into those planes (split_f16.wgsl main_rows with conv_stride);
     /// `VERBATIM_CONV_PLANES=0` keeps the convolutions on gemm_coop.wgsl (to compare).
     conv_planes: Option<Arc<Kernel>>,
@@ -691,6 +699,8 @@ pub struct Kernels {
     blocked_partials: Option<Buffer>,
     attention_split: Arc<Kernel>,
     attention_merge: Arc<Kernel>,
+    /// main_merge writing the next GEMM's planes (attention.wgsl main_merge_planes).
+    attention_merge_planes: Arc<Kernel>,
     /// Partials of the split attention: [query][head][split][head_dim + 2].
     attention_partials: Buffer,
     embed: Arc<Kernel>,
@@ -757,8 +767,10 @@ impl Kernels {
             },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
             norm_planes: gpu.kernel_entry("layernorm_planes", SPLIT_F16_SOURCE, "main_norm_rows", &[R, W, R, R])?,
+            norm_planes_rows: gpu.kernel_entry("layernorm_planes_rows", SPLIT_F16_SOURCE, "main_norm_rows_out", &[R, W, R, R, W])?,
             norm_into_planes: std::env::var("VERBATIM_NORM_PLANES").map_or(true, |v| v != "0"),
             gemm_into_planes: std::env::var("VERBATIM_EPILOGUE_PLANES").map_or(true, |v| v != "0"),
+            merge_into_planes: std::env::var("VERBATIM_MERGE_PLANES").map_or(true, |v| v != "0"),
             conv_planes: match std::env::var("VERBATIM_CONV_PLANES").map_or(true, |v| v != "0") {
                 true => Some(gpu.kernel_entry("split_f16_conv", SPLIT_F16_SOURCE, "main_rows", &[R, W])?),
                 false => None,
@@ -798,6 +810,7 @@ impl Kernels {
             blocked_partials: None,
             attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
             attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
+            attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W, W])?,
             no_grids: gpu.buffer("no gated grids", 4)?,
@@ -1239,6 +1252,32 @@ impl Kernels {
         self.layer_norm_f16_rows(rec, x, x_off, rows, cols, gamma, beta, eps, planes)
     }
 
+    /// [`Kernels::layer_norm_planes`] writing the normalised rows to `y` as well ([rows][cols]
+    /// f32 from offset 0, what [`Kernels::layer_norm`] writes): the encoder's final LayerNorm.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm_planes_and_rows(
+        &self,
+        rec: &mut Recorder,
+        x: &Buffer,
+        rows: u32,
+        cols: u32,
+        gamma: &Buffer,
+        beta: &Buffer,
+        eps: f32,
+        y: &Buffer,
+    ) -> Result<()> {
+        let planes = self.planes.as_ref().ok_or_else(|| Error::Invalid("layer_norm_planes_and_rows: no GEMM planes reserved".into()))?;
+        let rows_pad = rows.next_multiple_of(GEMM_PLANES_ROWS);
+        let words = rows_pad as u64 * cols as u64 / 2;
+        if !cols.is_multiple_of(2) || words * 8 > planes.size() || rows as u64 * cols as u64 * 4 > y.size() {
+            return Err(Error::Invalid(format!("layer_norm_planes_and_rows: {rows} x {cols} does not fit the planes or the rows")));
+        }
+        let sp = SplitParams { rows, cols, rows_pad, heads: 0, x_off: 0, x_stride: cols, scale: 1.0, eps, conv_cs: 0, conv_ts: 0, conv_stride: 0, conv_tin: 0 };
+        let g = grid_1d(rows_pad);
+        let cost = Cost { bytes: rows as u64 * cols as u64 * 12 + cols as u64 * 8 + words * 8, flops: rows as u64 * cols as u64 * 8 };
+        rec.dispatch(&self.norm_planes_rows, bytemuck::bytes_of(&sp), &[x, planes, gamma, beta, y], [g[0], g[1], 1], cost)
+    }
+
     /// LayerNorm of `rows` rows of width `cols` into f16 hi/lo planes in `out`, laid out as
     /// [`Kernels::split_f16_rows`] writes them (padding rows zero; split_f16.wgsl's
     /// main_norm_rows: layernorm.wgsl's arithmetic. A subgroup a row, without barriers, was
@@ -1631,6 +1670,24 @@ impl Kernels {
     /// [`Kernels::attention`], or by [`Kernels::linear_planes_to_heads`]); `a` gives the
     /// shape and the output (its q, k and v are not read).
     pub fn attention_on_head_planes(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        self.attention_coop_merged(rec, a, false)
+    }
+
+    /// [`Kernels::attention_on_head_planes`] merging its splits into the GEMM planes
+    /// ([tq][heads 64] split into f16 hi/lo, as [`Kernels::split_into_planes`] of the
+    /// output rows would: `a.out` is not written) for the [`Kernels::linear_on_planes`] of
+    /// the out projection after it.
+    pub fn attention_into_planes(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        self.attention_coop_merged(rec, a, true)
+    }
+
+    /// Whether [`Kernels::attention_into_planes`] can write `tq` rows of `heads` heads
+    /// into the planes for `w` (the out projection) to read.
+    pub fn attention_to_planes(&self, tq: u32, heads: u32, w: &F16Matrix) -> bool {
+        w.k == heads * 64 && self.uses_planes(tq, w)
+    }
+
+    fn attention_coop_merged(&self, rec: &mut Recorder, a: &AttentionArgs, into_planes: bool) -> Result<()> {
         let (Some(kernel), Some(planes), Some(part)) = (&self.attention_coop, &self.head_planes, &self.blocked_partials) else {
             return Err(Error::Invalid("attention on cooperative matrices without its kernel or buffers".into()));
         };
@@ -1650,9 +1707,33 @@ impl Kernels {
         let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * 66;
         let attn_cost = Cost { bytes: words * 8 + partials * 4, flops: cost.flops };
         rec.dispatch(kernel, bytemuck::bytes_of(&cp), &[planes, part], [t_pad / self.attention_coop_queries, a.heads * n_splits, 1], attn_cost)?;
+        if into_planes {
+            return self.merge_partials_into_planes(rec, a, self.attention_coop_split_keys);
+        }
         params.split_keys = self.attention_coop_split_keys;
         let merge_cost = Cost { bytes: partials * 4 + a.tq as u64 * a.heads as u64 * 64 * 4, flops: partials * 2 };
         rec.dispatch(&self.attention_merge, bytemuck::bytes_of(&params), &[part, a.k.buf, a.v.buf, a.out.buf], [a.tq, a.heads, 1], merge_cost)
+    }
+
+    /// attention.wgsl's main_merge_planes: the key splits' partials in the reserved buffer
+    /// (`split_keys` keys a split, as the attention that wrote them) merged into the GEMM
+    /// planes, [tq][heads 64] as f16 hi/lo with the padding rows zero.
+    pub(crate) fn merge_partials_into_planes(&self, rec: &mut Recorder, a: &AttentionArgs, split_keys: u32) -> Result<()> {
+        let (Some(part), Some(gp)) = (&self.blocked_partials, &self.planes) else {
+            return Err(Error::Invalid("attention into planes: no partials or GEMM planes reserved".into()));
+        };
+        let (mut params, _) = attention_params(a)?;
+        let rows_pad = a.tq.next_multiple_of(GEMM_PLANES_ROWS);
+        let n_splits = a.tk.div_ceil(split_keys.max(1)) as u64;
+        let partials = a.tq as u64 * a.heads as u64 * n_splits * (a.head_dim as u64 + 2);
+        if a.head_dim != 64 || 2 * rows_pad as u64 * a.heads as u64 * 64 * 2 > gp.size() || partials * 4 > part.size() {
+            return Err(Error::Invalid(format!("attention into planes: {} rows of {} heads of {} do not fit", a.tq, a.heads, a.head_dim)));
+        }
+        params.split_keys = split_keys;
+        params.rows_pad = rows_pad;
+        let cost = Cost { bytes: partials * 4 + rows_pad as u64 * a.heads as u64 * 64 * 4, flops: partials * 2 };
+        // (`o` is not written by this entry: the zero buffer fills its binding)
+        rec.dispatch(&self.attention_merge_planes, bytemuck::bytes_of(&params), &[part, part, part, &self.zero, gp], [rows_pad, a.heads, 1], cost)
     }
 
     /// The register-blocked kernel (attention_blocked.wgsl) whatever the query count and
@@ -1839,7 +1920,8 @@ fn attention_params(a: &AttentionArgs) -> Result<(AttentionParams, Cost)> {
         scale: 1.0 / (a.head_dim as f32).sqrt(),
         split_keys: ATTENTION_SPLIT_KEYS,
         direct: 0,
-        _pad: [0; 3],
+        rows_pad: 0,
+        _pad: [0; 2],
     };
     let hd = a.heads as u64 * a.head_dim as u64;
     let cost = Cost {

@@ -16,6 +16,8 @@
 // main_norm_rows: LayerNorm(X) (gamma, beta, eps), split as main_rows: the LayerNorm before
 //             a linear layer writes the GEMM's planes itself (one dispatch instead of two).
 //             Its statistics are layernorm.wgsl's (row_stats.wgsl, appended to both).
+// main_norm_rows_out: main_norm_rows also writing the normalised f32 rows (the encoder's
+//             final LayerNorm: its output, and the cross K|V GEMM's planes).
 
 struct Params {
     rows: u32, cols: u32, rows_pad: u32, heads: u32,
@@ -29,19 +31,7 @@ struct Params {
 @group(0) @binding(3) var<storage, read> gamma: array<f32>; // main_norm_rows only
 @group(0) @binding(4) var<storage, read> beta: array<f32>;
 
-const LO_SCALE: f32 = 4096.0;
-
-fn split_hi(v: f32) -> f32 {
-    return bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);
-}
-
-// (hi word, lo word) of the pair (a, b).
-fn split_pair(a: f32, b: f32) -> vec2<u32> {
-    let ha = split_hi(a);
-    let hb = split_hi(b);
-    return vec2<u32>(pack2x16float(vec2<f32>(ha, hb)),
-                     pack2x16float(vec2<f32>((a - ha) * LO_SCALE, (b - hb) * LO_SCALE)));
-}
+// LO_SCALE, split_hi and split_pair: f16_split.wgsl (appended).
 
 // One element of the im2col view (gemm_io.wgsl's load_x with flag 8).
 fn conv_x(row: u32, col: u32) -> f32 {
@@ -112,6 +102,22 @@ fn main_heads(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     out[(2u * which + 1u) * plane + j] = w.y;
 }
 
+// Columns c and c + 1 of the row at xb normalised (st: mean, 1 / std): layernorm.wgsl's
+// expression.
+fn norm_pair(xb: u32, c: u32, st: vec2<f32>) -> vec2<f32> {
+    let a = (x[xb + c] - st.x) * st.y * gamma[c] + beta[c];
+    let b = (x[xb + c + 1u] - st.x) * st.y * gamma[c + 1u] + beta[c + 1u];
+    return vec2<f32>(a, b);
+}
+
+// A padding row of the planes (row >= rows): zeros.
+fn zero_row(ob: u32, plane: u32, half_cols: u32, lid: u32) {
+    for (var j = lid; j < half_cols; j += WG) {
+        out[ob + j] = 0u;
+        out[plane + ob + j] = 0u;
+    }
+}
+
 // One workgroup per row of the padded planes (rows_pad of them; x_stride is the row width).
 @compute @workgroup_size(128)
 fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -123,21 +129,44 @@ fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let plane = p.rows_pad * half_cols;
     let ob = row * half_cols;
     if (row >= p.rows) {
-        for (var j = lid; j < half_cols; j += WG) {
-            out[ob + j] = 0u;
-            out[plane + ob + j] = 0u;
-        }
+        zero_row(ob, plane, half_cols, lid);
         return;
     }
     let xb = p.x_off + row * p.x_stride;
     let st = row_stats(xb, p.cols, p.eps, lid);
-    let mean = st.x;
-    let inv = st.y;
     for (var j = lid; j < half_cols; j += WG) {
-        let c = 2u * j;
-        let a = (x[xb + c] - mean) * inv * gamma[c] + beta[c];
-        let b = (x[xb + c + 1u] - mean) * inv * gamma[c + 1u] + beta[c + 1u];
-        let w = split_pair(a, b);
+        let v = norm_pair(xb, 2u * j, st);
+        let w = split_pair(v.x, v.y);
+        out[ob + j] = w.x;
+        out[plane + ob + j] = w.y;
+    }
+}
+
+// `main_norm_rows_out`: main_norm_rows writing the normalised rows as f32 too ([rows][cols]
+// from 0): the encoder's final LayerNorm, whose rows are the encoder's output and whose
+// planes the cross K|V GEMM reads (one dispatch instead of a LayerNorm and a split).
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(128)
+fn main_norm_rows_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wg.x + wg.y * 32768u;
+    if (row >= p.rows_pad) {
+        return;
+    }
+    let half_cols = p.cols / 2u;
+    let plane = p.rows_pad * half_cols;
+    let ob = row * half_cols;
+    if (row >= p.rows) {
+        zero_row(ob, plane, half_cols, lid);
+        return;
+    }
+    let xb = p.x_off + row * p.x_stride;
+    let st = row_stats(xb, p.cols, p.eps, lid);
+    for (var j = lid; j < half_cols; j += WG) {
+        let v = norm_pair(xb, 2u * j, st);
+        y[row * p.cols + 2u * j] = v.x;
+        y[row * p.cols + 2u * j + 1u] = v.y;
+        let w = split_pair(v.x, v.y);
         out[ob + j] = w.x;
         out[plane + ob + j] = w.y;
     }

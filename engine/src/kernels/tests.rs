@@ -548,6 +548,20 @@ fn gemm_into_planes_matches_reference_and_the_split() {
             assert_eq!(got, old_planes, "head planes against rows + split, m={m} heads={heads}");
             let (a, bn) = (g.read_f32(&oa, 0, m * heads * 64).unwrap(), g.read_f32(&ob, 0, m * heads * 64).unwrap());
             assert!(a.iter().zip(&bn).all(|(p, q)| p.to_bits() == q.to_bits()), "attention from head planes, m={m}");
+            // The attention merged into the out projection's planes: the split of its rows.
+            let gp = kern.planes.clone().unwrap();
+            let words = m_pad * heads * 32;
+            g.fill_u32(&gp, NAN_BITS);
+            let mut rec = g.recorder();
+            kern.split_into_planes(&mut rec, Rows::new(&xb, k), m as u32, k as u32).unwrap();
+            kern.linear_planes_to_heads(&mut rec, m as u32, heads as u32, &wm, Some(&bb)).unwrap();
+            kern.attention_into_planes(&mut rec, &args(&ob)).unwrap();
+            rec.submit(None).unwrap();
+            let merged = plane_words(&gp, 0, 2 * words);
+            let mut rec = g.recorder();
+            kern.split_into_planes(&mut rec, Rows::new(&oa, heads * 64), m as u32, (heads * 64) as u32).unwrap();
+            rec.submit(None).unwrap();
+            assert_eq!(merged, plane_words(&gp, 0, 2 * words), "attention merged into planes against its rows split, m={m}");
         }
     }
 }
@@ -755,7 +769,7 @@ fn layer_norm_matches_reference() {
 fn layer_norm_into_planes_matches_layer_norm_rows() {
     let mut r = rng("layer_norm_planes");
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let mut kern = Kernels::load(g).unwrap();
     for &(rows, cols, off) in &[(7usize, 82usize, 0usize), (70, 384, 3 * 384), (3, 1030, 5)] {
         let rows_pad = rows.next_multiple_of(64);
         let x: Vec<f32> = rand_vec(&mut r, off + rows * cols, 2.0).iter().map(|v| v + 7.0).collect();
@@ -792,6 +806,17 @@ fn layer_norm_into_planes_matches_layer_norm_rows() {
                 );
             }
         }
+        // main_norm_rows_out (rows from 0): the same planes and the same rows at once.
+        let (x0, y2) = (g.upload_f32("x0", &x[off..]).unwrap(), poisoned(rows * cols));
+        let planes2 = g.buffer("planes2", words as u64 * 8).unwrap();
+        g.fill_u32(&planes2, NAN_BITS);
+        kern.planes = Some(planes2.clone());
+        let mut rec = g.recorder();
+        kern.layer_norm_planes_and_rows(&mut rec, &x0, rows as u32, cols as u32, &gb, &bb, 1e-5, &y2).unwrap();
+        rec.submit(None).unwrap();
+        assert_eq!(plane_words(&planes2, 0, 2 * words), got, "{rows}x{cols}: planes with the rows");
+        let rows2 = g.read_f32(&y2, 0, rows * cols).unwrap();
+        assert!(rows2.iter().zip(&rows_f32).all(|(a, b)| a.to_bits() == b.to_bits()), "{rows}x{cols}: rows with the planes");
     }
 }
 
@@ -986,6 +1011,68 @@ fn attention_coop_matches_reference() {
         if coop {
             // (lavapipe: the blocked kernel on this shape is in attention_blocked_matches_reference)
             assert_eq!(run_attention_fused_with(kern(), &mut r, 1500, 1).len(), 3);
+        }
+    }
+}
+
+/// attention.wgsl's main_merge_planes: key splits' partials (written by the blocked kernel,
+/// the coop kernel's format) merged into the GEMM planes, against main_merge's rows of the
+/// same partials split by split_f16: the same words, padding rows zero, and hi + lo / 2^12
+/// within 1e-5 of the CPU's attention (planes poisoned first). Splits of whole blocks, one
+/// starting inside a block, a short last one; runs on lavapipe too.
+#[test]
+fn attention_merged_into_planes_matches_the_split() {
+    let mut r = rng("merge_planes");
+    let g = gpu();
+    let mut kern = Kernels::load(g).unwrap();
+    let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32() as f64;
+    for &(t, heads, split_keys) in &[(70usize, 2usize, 32u32), (37, 3, 10), (129, 1, 45)] {
+        let (hd, t_pad) = (heads * 64, t.next_multiple_of(64));
+        let plane = t_pad * hd / 2;
+        kern.reserve_blocked_attention(g, t as u32, heads as u32).unwrap();
+        if kern.blocked_partials.as_ref().is_none_or(|b| b.size() < (t * heads * t.div_ceil(split_keys as usize) * 66 * 4) as u64) {
+            kern.blocked_partials = Some(g.buffer("partials", (t * heads * t.div_ceil(split_keys as usize) * 66 * 4) as u64).unwrap());
+        }
+        let planes = g.buffer("planes", (2 * plane * 4) as u64).unwrap();
+        kern.planes = Some(planes.clone());
+        let qkv = rand_vec(&mut r, t * 3 * hd, 1.0);
+        let col = |which: usize| -> Vec<f32> { (0..t).flat_map(|i| qkv[i * 3 * hd + which * hd..i * 3 * hd + (which + 1) * hd].to_vec()).collect() };
+        let qb = g.upload_f32("qkv", &qkv).unwrap();
+        let ob = poisoned(t * hd);
+        let args = AttentionArgs {
+            q: Rows::at(&qb, 0, 3 * hd),
+            k: Rows::at(&qb, hd, 3 * hd),
+            v: Rows::at(&qb, 2 * hd, 3 * hd),
+            out: Rows::new(&ob, hd),
+            tq: t as u32,
+            tk: t as u32,
+            heads: heads as u32,
+            head_dim: 64,
+            causal: None,
+        };
+        g.fill_u32(&planes, NAN_BITS);
+        let mut rec = g.recorder();
+        kern.attention_blocked_keys(&mut rec, &args, split_keys).unwrap();
+        kern.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
+        rec.submit(None).unwrap();
+        let got = plane_words(&planes, 0, 2 * plane);
+        g.fill_u32(&planes, NAN_BITS);
+        let mut rec = g.recorder();
+        kern.split_into_planes(&mut rec, Rows::new(&ob, hd), t as u32, hd as u32).unwrap();
+        rec.submit(None).unwrap();
+        assert_eq!(got, plane_words(&planes, 0, 2 * plane), "merged planes against rows + split, t={t} heads={heads} split {split_keys}");
+        let want = ops::attention(&col(0), &col(1), &col(2), t, t, heads, 64, None);
+        for row in 0..t_pad {
+            for c in 0..hd {
+                let wi = row * hd / 2 + c / 2;
+                let v = half(got[wi], c % 2) + half(got[plane + wi], c % 2) / 4096.0;
+                if row >= t {
+                    assert_eq!(v, 0.0, "padding row {row} col {c}");
+                } else {
+                    let w = want[row * hd + c] as f64;
+                    assert!((v - w).abs() <= 1e-5 * (1.0 + w.abs()), "t={t} row {row} col {c}: {v} against {w}");
+                }
+            }
         }
     }
 }

@@ -729,18 +729,28 @@ impl GpuWhisper {
                 head_dim: hd,
                 causal: None,
             };
+            // The attention's splits merged into the out projection's planes
+            // (`VERBATIM_MERGE_PLANES=0`: into rows, split again by the GEMM).
+            let mut out_on_planes = false;
             if epilogue_planes && hd == 64 && k.qkv_to_heads(a, heads, &l.qkv.w) {
                 k.layer_norm_planes(&mut rec, &self.enc_x, 0, a, d, &l.attn_norm.gamma, &l.attn_norm.beta, LN_EPS)?;
                 rec.stage("encoder qkv");
                 k.linear_planes_to_heads(&mut rec, a, heads, &l.qkv.w, Some(&l.qkv.b))?;
                 rec.stage("encoder");
-                k.attention_on_head_planes(&mut rec, &args)?;
+                out_on_planes = k.merge_into_planes && k.attention_to_planes(a, heads, &l.attn_out.w);
+                match out_on_planes {
+                    true => k.attention_into_planes(&mut rec, &args)?,
+                    false => k.attention_on_head_planes(&mut rec, &args)?,
+                }
             } else {
                 norm_linear(&mut rec, &l.attn_norm, &l.qkv, Rows::new(&self.enc_qkv, 3 * du), plain, "encoder qkv")?;
                 k.attention(&mut rec, &args)?;
             }
             rec.stage("encoder out");
-            k.linear(&mut rec, Rows::new(&self.enc_attn, du), a, &l.attn_out.w, Some(&l.attn_out.b), Rows::new(&self.enc_x, du), acc)?;
+            match out_on_planes {
+                true => k.linear_on_planes(&mut rec, a, &l.attn_out.w, Some(&l.attn_out.b), Rows::new(&self.enc_x, du), acc)?,
+                false => k.linear(&mut rec, Rows::new(&self.enc_attn, du), a, &l.attn_out.w, Some(&l.attn_out.b), Rows::new(&self.enc_x, du), acc)?,
+            }
             rec.stage("encoder");
             if epilogue_planes && k.planes_to_planes(a, &l.fc1.w) && k.takes_second_planes(a, &l.fc2.w) {
                 k.layer_norm_planes(&mut rec, &self.enc_x, 0, a, d, &l.ffn_norm.gamma, &l.ffn_norm.beta, LN_EPS)?;
@@ -755,15 +765,17 @@ impl GpuWhisper {
             }
             rec.stage("encoder");
         }
-        k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
-        rec.stage("cross k|v");
         // Every layer's K|V in one GEMM, each layer's [audio_ctx][2d] after the last's; the
-        // encoder's output stays in f32 rows as well (`encoder_output` reads them).
+        // encoder's output stays in f32 rows as well (`encoder_output` reads them): the final
+        // LayerNorm writes both.
         let seg = 2 * d;
         if into_planes && k.uses_planes(a, &self.cross_kv.w) {
-            k.split_into_planes(&mut rec, Rows::new(&self.enc_xn, du), a, d)?;
+            k.layer_norm_planes_and_rows(&mut rec, &self.enc_x, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, LN_EPS, &self.enc_xn)?;
+            rec.stage("cross k|v");
             k.linear_segments(&mut rec, None, a, &self.cross_kv.w, Some(&self.cross_kv.b), &self.enc_kv, seg)?;
         } else {
+            k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
+            rec.stage("cross k|v");
             k.linear_segments(&mut rec, Some(Rows::new(&self.enc_xn, du)), a, &self.cross_kv.w, Some(&self.cross_kv.b), &self.enc_kv, seg)?;
         }
         rec.submit(Some(&mut self.profile))?;
