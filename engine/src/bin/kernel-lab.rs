@@ -72,19 +72,6 @@ const GEMM_DIRECT: &str = concat!(
 );
 const GEMM_PLANES: &str = engine::kernels::GEMM_PLANES_SOURCE;
 
-/// A GEMM source whose accumulators leave through one tile for hi and lo in turn (four
-/// barriers a 16x16 block), as gemm_coop_emit.wgsl's tile_values did before its lo tile.
-fn emit_one_tile(src: &str) -> LabResult<String> {
-    let edits = [
-        ("    coopStoreT(lo, &cs_lo[cb], CS_STRIDE);\n    workgroupBarrier();\n", "    workgroupBarrier();\n"),
-        (
-            "        v[i] = cs[at] + cs_lo[at] * (1.0 / LO_SCALE);\n    }\n",
-            "        v[i] = cs[at];\n    }\n    workgroupBarrier();\n    coopStoreT(lo, &cs[cb], CS_STRIDE);\n    workgroupBarrier();\n    for (var i = 0u; i < 8u; i++) {\n        let at = cb + ((lane + i * 32u) / 16u) * CS_STRIDE + (lane + i * 32u) % 16u;\n        v[i] = v[i] + cs[at] * (1.0 / LO_SCALE);\n    }\n",
-        ),
-    ];
-    Ok(engine::kernels::rewrite_source("emit_one_tile", src, &edits)?)
-}
-
 const ATTN_STAGED: &str = engine::kernels::ATTENTION_COOP_SOURCE;
 
 // ---------------------------------------------------------------------------------------
@@ -1418,7 +1405,6 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             ("gemm_planes.tm32", "32-row tiles (the engine's for every GEMM)", engine::kernels::gemm_planes_source(32, 2)?, 32),
             ("gemm_planes.stages1", "one staging buffer, two barriers a slice", engine::kernels::gemm_planes_source(64, 1)?, 64),
             ("gemm_planes.tm32.stages1", "32-row tiles, one staging buffer", engine::kernels::gemm_planes_source(32, 1)?, 32),
-            ("gemm_planes.tm32.emit1", "32-row tiles, hi and lo leaving through one tile (4 barriers a block)", emit_one_tile(&engine::kernels::gemm_planes_source(32, 2)?)?, 32),
             (
                 "gemm_planes.ck64",
                 "64-deep K slices (twice the words in flight, half the barriers; engine: slower)",
