@@ -1402,9 +1402,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string(), 64u32),
             // (256 threads over 128x64 tiles, gemm_planes_wide, was slower and went: RESULTS.md
             // "2026-12-03")
-            ("gemm_planes.tm32", "32-row tiles (the engine's for every GEMM)", engine::kernels::gemm_planes_source(32, 2)?, 32),
-            ("gemm_planes.stages1", "one staging buffer, two barriers a slice", engine::kernels::gemm_planes_source(64, 1)?, 64),
-            ("gemm_planes.tm32.stages1", "32-row tiles, one staging buffer", engine::kernels::gemm_planes_source(32, 1)?, 32),
+            ("gemm_planes.tm32", "32-row tiles (the engine's for every GEMM)", engine::kernels::gemm_planes_narrow_source()?, 32),
             (
                 "gemm_planes.ck64",
                 "64-deep K slices (twice the words in flight, half the barriers; engine: slower)",

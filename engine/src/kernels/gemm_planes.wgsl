@@ -31,11 +31,6 @@ struct Params {
 
 const TM: u32 = 64u; // rows of Y per workgroup: 64 (4 subgroups of 2 x 2 blocks) or 32 (1 x 2)
 const CK: u32 = 32u; // K per slice (k must be a multiple)
-// Staging buffers: 2, each slice's words stored into the one the previous slice did not
-// use, so one barrier a slice orders both the stores before the reads and the reads before
-// the next overwrite; 1 (`VERBATIM_GEMM_STAGES=1`, to compare on a device): a barrier
-// before the stores as well.
-const STAGES: u32 = 2u;
 const XR4: u32 = CK / 4u; // vec4 of X per row and slice
 const XS4: u32 = XR4 + 2u; // vec4 per staged X row (rows 80 bytes apart for CK 32: no bank conflicts)
 const WS4: u32 = 18u; // vec4 per staged W row: 64 / 4 + 2
@@ -46,9 +41,9 @@ const NW: u32 = CK / 8u; // W words per thread and slice (CK k-rows x 16 / 128)
 const XLD: u32 = XS4;
 const WLD: u32 = WS4;
 
-var<workgroup> xs_hi: array<vec4<f16>, STAGES * TM * XS4>; // [STAGES][TM][XS4]
-var<workgroup> xs_lo: array<vec4<f16>, STAGES * TM * XS4>;
-var<workgroup> ws: array<vec4<f16>, STAGES * CK * WS4>;    // [STAGES][CK][WS4]
+var<workgroup> xs_hi: array<vec4<f16>, TM * XS4>; // [TM][XS4]
+var<workgroup> xs_lo: array<vec4<f16>, TM * XS4>;
+var<workgroup> ws: array<vec4<f16>, CK * WS4>;    // [CK][WS4]
 
 // A thread's X words of a slice: element e = lid + 128 i of TM XR4 per plane, row e / XR4,
 // vec4 column e % XR4 (neighbouring threads read a row's contiguous bytes).
@@ -63,16 +58,16 @@ fn ww(col0: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {
     return w[(k0 + e / 16u) * (p.n / 4u) + col0 / 4u + e % 16u];
 }
 
-fn put_x(hi: vec4<f16>, lo: vec4<f16>, xb: u32, lid: u32, i: u32) {
+fn put_x(hi: vec4<f16>, lo: vec4<f16>, lid: u32, i: u32) {
     let e = lid + 128u * i;
-    let s = xb + (e / XR4) * XS4 + e % XR4;
+    let s = (e / XR4) * XS4 + e % XR4;
     xs_hi[s] = hi;
     xs_lo[s] = lo;
 }
 
-fn put_w(v: vec4<f16>, wb: u32, lid: u32, i: u32) {
+fn put_w(v: vec4<f16>, lid: u32, i: u32) {
     let e = lid + 128u * i;
-    ws[wb + (e / 16u) * WS4 + e % 16u] = v;
+    ws[(e / 16u) * WS4 + e % 16u] = v;
 }
 
 @compute @workgroup_size(128)
@@ -107,17 +102,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         wv[i] = ww(col0, 0u, lid, i);
     }
     for (var k0 = 0u; k0 < p.k; k0 += CK) {
-        let stage = (k0 / CK) % STAGES;
-        let xb = stage * (TM * XS4);
-        let wb = stage * (CK * WS4);
-        if (STAGES == 1u) {
-            workgroupBarrier();
-        }
+        workgroupBarrier();
         for (var i = 0u; i < NX; i++) {
-            put_x(h[i], l[i], xb, lid, i);
+            put_x(h[i], l[i], lid, i);
         }
         for (var i = 0u; i < NW; i++) {
-            put_w(wv[i], wb, lid, i);
+            put_w(wv[i], lid, i);
         }
         workgroupBarrier();
         let k1 = k0 + CK;
@@ -131,19 +121,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             }
         }
         for (var kk = 0u; kk < CK; kk += 16u) {
-            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&ws[wb + kk * WS4 + sc / 4u], WLD);
-            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&ws[wb + kk * WS4 + sc / 4u + 4u], WLD);
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&xs_hi[xb + sr * XS4 + kk / 4u], XLD);
+            let b0 = coopLoadT<coop_mat16x16<f16, B>>(&ws[kk * WS4 + sc / 4u], WLD);
+            let b1 = coopLoadT<coop_mat16x16<f16, B>>(&ws[kk * WS4 + sc / 4u + 4u], WLD);
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&xs_hi[sr * XS4 + kk / 4u], XLD);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
-            let e0 = coopLoadT<coop_mat16x16<f16, A>>(&xs_lo[xb + sr * XS4 + kk / 4u], XLD);
+            let e0 = coopLoadT<coop_mat16x16<f16, A>>(&xs_lo[sr * XS4 + kk / 4u], XLD);
             d00 = coopMultiplyAdd(e0, b0, d00);
             d01 = coopMultiplyAdd(e0, b1, d01);
             if (TM == 64u) {
-                let a1 = coopLoadT<coop_mat16x16<f16, A>>(&xs_hi[xb + (sr + 16u) * XS4 + kk / 4u], XLD);
+                let a1 = coopLoadT<coop_mat16x16<f16, A>>(&xs_hi[(sr + 16u) * XS4 + kk / 4u], XLD);
                 c10 = coopMultiplyAdd(a1, b0, c10);
                 c11 = coopMultiplyAdd(a1, b1, c11);
-                let e1 = coopLoadT<coop_mat16x16<f16, A>>(&xs_lo[xb + (sr + 16u) * XS4 + kk / 4u], XLD);
+                let e1 = coopLoadT<coop_mat16x16<f16, A>>(&xs_lo[(sr + 16u) * XS4 + kk / 4u], XLD);
                 d10 = coopMultiplyAdd(e1, b0, d10);
                 d11 = coopMultiplyAdd(e1, b1, d11);
             }

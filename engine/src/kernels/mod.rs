@@ -167,21 +167,7 @@ pub const GEMM_PLANES_SOURCE: &str = concat!(
 /// SMs; and each subgroup holds 1 x 2 accumulator blocks instead of 2 x 2, so more
 /// subgroups fit an SM, which is why wide GEMMs gain too).
 pub fn gemm_planes_narrow_source() -> Result<String> {
-    gemm_planes_source(32, 2)
-}
-
-/// gemm_planes.wgsl over `tm`-row tiles (64 as written, or 32) with `stages` staging
-/// buffers (2 as written, or 1: `VERBATIM_GEMM_STAGES=1`, to compare on a device).
-pub fn gemm_planes_source(tm: u32, stages: u32) -> Result<String> {
-    let (tm_line, stages_line) = (format!("const TM: u32 = {tm}u;"), format!("const STAGES: u32 = {stages}u;"));
-    let mut edits = vec![];
-    if tm != 64 {
-        edits.push(("const TM: u32 = 64u;", tm_line.as_str()));
-    }
-    if stages != 2 {
-        edits.push(("const STAGES: u32 = 2u;", stages_line.as_str()));
-    }
-    rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &edits)
+    rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &[("const TM: u32 = 64u;", "const TM: u32 = 32u;")])
 }
 
 /// GEMMs of at most this many columns take [`gemm_planes_narrow_source`]'s tiles (or
@@ -193,11 +179,6 @@ const GEMM_PLANES_NARROW_MAX_N: u32 = u32::MAX;
 /// gemm_planes.wgsl writing its output as f16 hi/lo planes (gemm_emit_planes.wgsl): rows
 /// planes for the next GEMM, or a fused Q|K|V's head planes for attention_coop.wgsl.
 pub fn gemm_planes_out_source(narrow: bool) -> Result<String> {
-    gemm_planes_out_source_staged(narrow, 2)
-}
-
-/// [`gemm_planes_out_source`] with `stages` staging buffers (as [`gemm_planes_source`]).
-pub fn gemm_planes_out_source_staged(narrow: bool, stages: u32) -> Result<String> {
     let calls = [
         "    emit(c00, d00, cb, lane, r0, q0);\n",
         "    emit(c01, d01, cb, lane, r0, q0 + 16u);\n",
@@ -206,7 +187,7 @@ pub fn gemm_planes_out_source_staged(narrow: bool, stages: u32) -> Result<String
     ];
     let renamed: Vec<String> = calls.iter().map(|c| c.replace("emit(", "emit_planes(")).collect();
     let edits: Vec<(&str, &str)> = calls.iter().zip(&renamed).map(|(a, b)| (*a, b.as_str())).collect();
-    let base = gemm_planes_source(if narrow { 32 } else { 64 }, stages)?;
+    let base = if narrow { gemm_planes_narrow_source()? } else { GEMM_PLANES_SOURCE.to_string() };
     Ok(rewrite_source("gemm_planes.wgsl", &base, &edits)? + include_str!("gemm_emit_planes.wgsl"))
 }
 /// attention_coop.wgsl: the encoder's self-attention on cooperative matrices over head planes.
@@ -722,11 +703,6 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
-        // gemm_planes.wgsl's staging buffers (`VERBATIM_GEMM_STAGES=1`: one, to compare on a device)
-        let stages = match std::env::var("VERBATIM_GEMM_STAGES").as_deref() {
-            Ok("1") => 1,
-            _ => 2,
-        };
         let kernels = Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
@@ -739,11 +715,11 @@ impl Kernels {
                 false => None,
             },
             gemm_planes: match gpu.info.coop_matrix && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel("gemm_planes_f16", &gemm_planes_source(64, stages)?, &[R, R, R, W])?),
+                true => Some(gpu.kernel("gemm_planes_f16", GEMM_PLANES_SOURCE, &[R, R, R, W])?),
                 false => None,
             },
             gemm_planes_out: match gpu.info.coop_matrix && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel("gemm_planes_to_planes", &gemm_planes_out_source_staged(false, stages)?, &[R, R, R, W, W])?),
+                true => Some(gpu.kernel("gemm_planes_to_planes", &gemm_planes_out_source(false)?, &[R, R, R, W, W])?),
                 false => None,
             },
             planes_out: None,
@@ -751,14 +727,14 @@ impl Kernels {
                 && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
                 && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
             {
-                true => Some(gpu.kernel("gemm_planes_f16 (32-row tiles)", &gemm_planes_source(32, stages)?, &[R, R, R, W])?),
+                true => Some(gpu.kernel("gemm_planes_f16 (32-row tiles)", &gemm_planes_narrow_source()?, &[R, R, R, W])?),
                 false => None,
             },
             gemm_planes_out_narrow: match gpu.info.coop_matrix
                 && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
                 && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
             {
-                true => Some(gpu.kernel("gemm_planes_to_planes (32-row tiles)", &gemm_planes_out_source_staged(true, stages)?, &[R, R, R, W, W])?),
+                true => Some(gpu.kernel("gemm_planes_to_planes (32-row tiles)", &gemm_planes_out_source(true)?, &[R, R, R, W, W])?),
                 false => None,
             },
             narrow_max_n: match std::env::var("VERBATIM_GEMM_NARROW_MAX_N") {

@@ -1732,12 +1732,7 @@ fn coop_sources_are_valid_wgsl() {
     sources.extend(attention_variants.iter().map(|s| s.as_str()));
     let narrow = super::gemm_planes_narrow_source().unwrap();
     let (planes_out, planes_out_narrow) = (super::gemm_planes_out_source(false).unwrap(), super::gemm_planes_out_source(true).unwrap());
-    let one_stage: Vec<String> = [(64, false), (32, true)]
-        .iter()
-        .flat_map(|&(tm, narrow)| [super::gemm_planes_source(tm, 1).unwrap(), super::gemm_planes_out_source_staged(narrow, 1).unwrap()])
-        .collect();
     sources.extend([narrow.as_str(), planes_out.as_str(), planes_out_narrow.as_str()]);
-    sources.extend(one_stage.iter().map(|s| s.as_str()));
     for (i, src) in sources.into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
