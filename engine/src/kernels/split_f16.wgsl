@@ -110,35 +110,52 @@ fn norm_pair(xb: u32, c: u32, st: vec2<f32>) -> vec2<f32> {
     return vec2<f32>(a, b);
 }
 
-// A padding row of the planes (row >= rows): zeros.
-fn zero_row(ob: u32, plane: u32, half_cols: u32, lid: u32) {
-    for (var j = lid; j < half_cols; j += WG) {
-        out[ob + j] = 0u;
-        out[plane + ob + j] = 0u;
+// The row a main_norm_rows workgroup takes: where its planes words go, and (live) its
+// statistics; padding rows (rows <= row < rows_pad) are written as zeros here and come back
+// not live, as do rows past the grid's padding.
+struct NormRow {
+    live: bool,
+    row: u32,
+    ob: u32,
+    plane: u32,
+    xb: u32,
+    st: vec2<f32>,
+}
+
+fn norm_row(wg: vec3<u32>, lid: u32) -> NormRow {
+    var r: NormRow;
+    r.row = wg.x + wg.y * 32768u;
+    if (r.row >= p.rows_pad) {
+        return r;
     }
+    let half_cols = p.cols / 2u;
+    r.plane = p.rows_pad * half_cols;
+    r.ob = r.row * half_cols;
+    if (r.row >= p.rows) {
+        for (var j = lid; j < half_cols; j += WG) {
+            out[r.ob + j] = 0u;
+            out[r.plane + r.ob + j] = 0u;
+        }
+        return r;
+    }
+    r.xb = p.x_off + r.row * p.x_stride;
+    r.st = row_stats(r.xb, p.cols, p.eps, lid);
+    r.live = true;
+    return r;
 }
 
 // One workgroup per row of the padded planes (rows_pad of them; x_stride is the row width).
 @compute @workgroup_size(128)
 fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = wg.x + wg.y * 32768u;
-    if (row >= p.rows_pad) {
+    let r = norm_row(wg, lid);
+    if (!r.live) {
         return;
     }
-    let half_cols = p.cols / 2u;
-    let plane = p.rows_pad * half_cols;
-    let ob = row * half_cols;
-    if (row >= p.rows) {
-        zero_row(ob, plane, half_cols, lid);
-        return;
-    }
-    let xb = p.x_off + row * p.x_stride;
-    let st = row_stats(xb, p.cols, p.eps, lid);
-    for (var j = lid; j < half_cols; j += WG) {
-        let v = norm_pair(xb, 2u * j, st);
+    for (var j = lid; j < p.cols / 2u; j += WG) {
+        let v = norm_pair(r.xb, 2u * j, r.st);
         let w = split_pair(v.x, v.y);
-        out[ob + j] = w.x;
-        out[plane + ob + j] = w.y;
+        out[r.ob + j] = w.x;
+        out[r.plane + r.ob + j] = w.y;
     }
 }
 
@@ -149,25 +166,16 @@ fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 
 @compute @workgroup_size(128)
 fn main_norm_rows_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = wg.x + wg.y * 32768u;
-    if (row >= p.rows_pad) {
+    let r = norm_row(wg, lid);
+    if (!r.live) {
         return;
     }
-    let half_cols = p.cols / 2u;
-    let plane = p.rows_pad * half_cols;
-    let ob = row * half_cols;
-    if (row >= p.rows) {
-        zero_row(ob, plane, half_cols, lid);
-        return;
-    }
-    let xb = p.x_off + row * p.x_stride;
-    let st = row_stats(xb, p.cols, p.eps, lid);
-    for (var j = lid; j < half_cols; j += WG) {
-        let v = norm_pair(xb, 2u * j, st);
-        y[row * p.cols + 2u * j] = v.x;
-        y[row * p.cols + 2u * j + 1u] = v.y;
+    for (var j = lid; j < p.cols / 2u; j += WG) {
+        let v = norm_pair(r.xb, 2u * j, r.st);
+        y[r.row * p.cols + 2u * j] = v.x;
+        y[r.row * p.cols + 2u * j + 1u] = v.y;
         let w = split_pair(v.x, v.y);
-        out[ob + j] = w.x;
-        out[plane + ob + j] = w.y;
+        out[r.ob + j] = w.x;
+        out[r.plane + r.ob + j] = w.y;
     }
 }
