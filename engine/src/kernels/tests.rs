@@ -690,6 +690,43 @@ fn padded_conv_weight_needs_the_planes_gemm() {
     assert_eq!(kern.conv_padded_k(30), None);
 }
 
+/// The planes writers refuse what they cannot hold, as errors: no planes reserved, planes
+/// too small for the rows, a head size other than 64, partials that the splits overrun,
+/// an odd row width, rows that do not fit their output.
+#[test]
+fn planes_writers_refuse_what_does_not_fit() {
+    let g = gpu();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.planes = None;
+    let (xb, yb, gb) = (g.buffer("x", 100 * 128 * 4).unwrap(), g.buffer("y", 100 * 128 * 4).unwrap(), g.buffer("g", 128 * 4).unwrap());
+    let invalid = |r: Result<()>| assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+    invalid(kern.layer_norm_planes_and_rows(&mut g.recorder(), &xb, 100, 128, &gb, &gb, 1e-5, &yb));
+    let args = |hd: u32, heads: u32, tq: u32| AttentionArgs {
+        q: Rows::at(&xb, 0, 128),
+        k: Rows::at(&xb, 0, 128),
+        v: Rows::at(&xb, 0, 128),
+        out: Rows::new(&yb, 128),
+        tq,
+        tk: tq,
+        heads,
+        head_dim: hd,
+        causal: None,
+    };
+    kern.blocked_partials = Some(g.buffer("partials", 100 * 2 * 4 * 66 * 4).unwrap());
+    invalid(kern.merge_partials_into_planes(&mut g.recorder(), &args(64, 2, 100), 32));
+    // Planes for 128 rows of 128 columns.
+    kern.planes = Some(g.buffer("planes", 2 * 128 * 128 * 2).unwrap());
+    invalid(kern.layer_norm_planes_and_rows(&mut g.recorder(), &xb, 100, 127, &gb, &gb, 1e-5, &yb));
+    invalid(kern.layer_norm_planes_and_rows(&mut g.recorder(), &xb, 129, 128, &gb, &gb, 1e-5, &yb));
+    invalid(kern.layer_norm_planes_and_rows(&mut g.recorder(), &xb, 100, 128, &gb, &gb, 1e-5, &gb));
+    invalid(kern.merge_partials_into_planes(&mut g.recorder(), &args(32, 4, 100), 32));
+    invalid(kern.merge_partials_into_planes(&mut g.recorder(), &args(64, 2, 129), 32));
+    invalid(kern.merge_partials_into_planes(&mut g.recorder(), &args(64, 2, 100), 20));
+    // And what fits is taken.
+    kern.layer_norm_planes_and_rows(&mut g.recorder(), &xb, 100, 128, &gb, &gb, 1e-5, &yb).unwrap();
+    kern.merge_partials_into_planes(&mut g.recorder(), &args(64, 2, 100), 32).unwrap();
+}
+
 /// The kernels a profiled submission ran, sorted.
 fn kernels_ran(prof: &Profile) -> Vec<&'static str> {
     let mut ran: Vec<&'static str> = prof.stats().iter().map(|s| s.kernel).collect();
