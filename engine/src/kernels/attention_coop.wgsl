@@ -2,25 +2,30 @@
 // cores), where the device has them. Q, K and V come as the f16 hi/lo head planes that
 // split_f16.wgsl's main_heads writes ([6][heads][t_pad][64]: q hi, q lo, k hi, k lo, v hi,
 // v lo; q already scaled); products exact to f32 as in gemm_coop.wgsl (hi·hi and hi·lo +
-// lo·hi in separate accumulators). A workgroup takes QW = 16 NSG queries of one head (NSG = 4
-// subgroups of 16) and one key split, walks its keys in blocks of 32 with an online softmax, and writes
-// the partial (m, l, Σ p v) that attention.wgsl's main_merge reads (as
-// attention_blocked.wgsl's splits do). Scores go through workgroup memory (a cooperative
-// matrix cannot be read element by element): two lanes per query read their 16 scores of
-// the block once into four vec4 registers, take the block's max, write P as f16 hi/lo four
-// at a time and keep the running output in registers, adding each block's P·V (stored from
-// fresh accumulators) rescaled. (Reading the scores twice from workgroup memory, once for
-// the max and once for the exponentials, cost 290 against 203 us a layer in the lab.)
+// lo·hi in separate accumulators, joined as hi + lo / LO_SCALE on the matrices themselves
+// before they are stored, so one f32 tile carries them). A workgroup takes QW = 16 NSG
+// queries of one head (NSG = 4 subgroups of 16) and one key split, walks its keys in blocks
+// of 32 with an online softmax, and writes the partial (m, l, Σ p v) that attention.wgsl's
+// main_merge reads (as attention_blocked.wgsl's splits do). Scores go through workgroup
+// memory (a cooperative matrix cannot be read element by element): two lanes per query read
+// their 16 scores of the block once into four vec4 registers, take the block's max, write P
+// as f16 hi/lo four at a time and keep the running output in registers, adding each block's
+// P·V (stored from fresh accumulators) rescaled. (Reading the scores twice from workgroup
+// memory, once for the max and once for the exponentials, cost 290 against 203 us a layer
+// in the lab.)
 //
 // K and V are staged in workgroup memory as vec4<f16> words, the way gemm_planes.wgsl feeds
 // the encoder GEMMs: kernel lab (H200, tiny.en layer, 4 key splits) 290 us against 525 with
 // the fragments loaded straight from memory (the lab's former attn_coop.wgsl, in history at
 // 02b980c) and 345 for the CUDA-core attention_blocked.wgsl. Blocks of 32 keys. Four
-// subgroups share one staging of K|V (18 KiB) and each keeps a 16 x 36 score tile (the
-// block's P·V leaves through it in two rounds of 32 dims) and its P tile: 46 KiB of the 48
-// wgpu offers. H200, engine, per tiny.en layer: 146 us against 218 with 2 subgroups and one
-// 64-dim round (40 KiB; `attention_coop_source` builds that shape and 2 x 32 for the tests
-// and `VERBATIM_ATTENTION_COOP_SHAPE`); small.en 261 against 428.
+// subgroups share one staging of K|V (18 KiB) and each keeps a 16 x 36 f32 score tile (the
+// block's P·V leaves through it in two rounds of 32 dims) and its P tile: 37 KiB. Workgroup
+// memory is what limits how many workgroups an SM holds (DEVELOPERS.md): with the hi and lo
+// scores in tiles of their own this was 46 KiB. H200, engine, per tiny.en layer: 131 us
+// (146 at 46 KiB; 139 for 4 x 64, one round through a 45 KiB tile set) against 218 with 2
+// subgroups and one 64-dim round; small.en 238 (261 at 46 KiB) against 428.
+// `attention_coop_source` builds the other shapes (2 x 64, 2 x 32, 4 x 64) for the tests
+// and `VERBATIM_ATTENTION_COOP_SHAPE`.
 //
 // Per block: [S = Q K^T, stored] (1) [softmax, P stored] (2) [P V, stored] (3) [lanes add
 // the block to their output; the next block's K|V staged] (4).
@@ -45,8 +50,7 @@ const NEG: f32 = -3.0e38;
 const LO_SCALE: f32 = 4096.0;
 
 var<workgroup> kv: array<vec4<f16>, 2304>; // [4: k hi, k lo, v hi, v lo][32 keys][KS]
-var<workgroup> s_hi: array<f32, NSG * 16u * SS>; // [NSG subgroups][16][SS]
-var<workgroup> s_lo: array<f32, NSG * 16u * SS>;
+var<workgroup> scores: array<f32, NSG * 16u * SS>; // [NSG subgroups][16][SS]
 var<workgroup> p_hi: array<f16, NSG * 16u * PS>; // [NSG subgroups][16][PS]
 var<workgroup> p_lo: array<f16, NSG * 16u * PS>;
 
@@ -66,12 +70,14 @@ fn stage(j0: u32, hb4: u32, plane4: u32, lid: u32) {
     }
 }
 
-fn s_at(i: u32) -> f32 {
-    return s_hi[i] + s_lo[i] * (1.0 / LO_SCALE);
+fn s4(i: u32) -> vec4<f32> {
+    return vec4<f32>(scores[i], scores[i + 1u], scores[i + 2u], scores[i + 3u]);
 }
 
-fn s4(i: u32) -> vec4<f32> {
-    return vec4<f32>(s_at(i), s_at(i + 1u), s_at(i + 2u), s_at(i + 3u));
+// A 16x16 block of products as one f32 matrix: hi + lo / LO_SCALE, the arithmetic a lane
+// would do on the two stored tiles.
+fn joined(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>) -> coop_mat16x16<f32, C> {
+    return hi + lo * (1.0 / LO_SCALE);
 }
 
 // S (16 queries x 16 keys from key t of the block) += q (dims 16 d..) · k^T.
@@ -151,8 +157,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             qk(&sh, &sl, qh1, ql1, t, 1u);
             qk(&sh, &sl, qh2, ql2, t, 2u);
             qk(&sh, &sl, qh3, ql3, t, 3u);
-            coopStoreT(sh, &s_hi[sb + t], SS);
-            coopStoreT(sl, &s_lo[sb + t], SS);
+            coopStoreT(joined(sh, sl), &scores[sb + t], SS);
         }
         workgroupBarrier();
         // Softmax over the block: this lane's 16 keys, its partner lane's other 16.
@@ -203,14 +208,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         }
         if (OD == 64u) {
             // One round: lane half h adds dims 32 h .. 32 h + 31.
-            coopStoreT(oh0, &s_hi[sb], SS);
-            coopStoreT(oh1, &s_hi[sb + 16u], SS);
-            coopStoreT(oh2, &s_hi[sb + 32u], SS);
-            coopStoreT(oh3, &s_hi[sb + 48u], SS);
-            coopStoreT(ol0, &s_lo[sb], SS);
-            coopStoreT(ol1, &s_lo[sb + 16u], SS);
-            coopStoreT(ol2, &s_lo[sb + 32u], SS);
-            coopStoreT(ol3, &s_lo[sb + 48u], SS);
+            coopStoreT(joined(oh0, ol0), &scores[sb], SS);
+            coopStoreT(joined(oh1, ol1), &scores[sb + 16u], SS);
+            coopStoreT(joined(oh2, ol2), &scores[sb + 32u], SS);
+            coopStoreT(joined(oh3, ol3), &scores[sb + 48u], SS);
             workgroupBarrier();
             let ob = rb + half_ * 32u;
             o0 = fma(o0, vec4<f32>(alpha), s4(ob));
@@ -224,10 +225,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         } else {
             // Two rounds of 32 dims (half the tile): lane half h adds dims 16 h .. 16 h + 15,
             // then 32 + 16 h .. 32 + 16 h + 15.
-            coopStoreT(oh0, &s_hi[sb], SS);
-            coopStoreT(oh1, &s_hi[sb + 16u], SS);
-            coopStoreT(ol0, &s_lo[sb], SS);
-            coopStoreT(ol1, &s_lo[sb + 16u], SS);
+            coopStoreT(joined(oh0, ol0), &scores[sb], SS);
+            coopStoreT(joined(oh1, ol1), &scores[sb + 16u], SS);
             workgroupBarrier();
             let ob = rb + half_ * 16u;
             o0 = fma(o0, vec4<f32>(alpha), s4(ob));
@@ -235,10 +234,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
             o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
             workgroupBarrier();
-            coopStoreT(oh2, &s_hi[sb], SS);
-            coopStoreT(oh3, &s_hi[sb + 16u], SS);
-            coopStoreT(ol2, &s_lo[sb], SS);
-            coopStoreT(ol3, &s_lo[sb + 16u], SS);
+            coopStoreT(joined(oh2, ol2), &scores[sb], SS);
+            coopStoreT(joined(oh3, ol3), &scores[sb + 16u], SS);
             workgroupBarrier();
             o4 = fma(o4, vec4<f32>(alpha), s4(ob));
             o5 = fma(o5, vec4<f32>(alpha), s4(ob + 4u));

@@ -8,24 +8,18 @@ const CS_STRIDE: u32 = 20u; // floats per row of a subgroup's 16x16 output tile
 
 var<workgroup> cs: array<f32, 1280>; // [4 subgroups][16][CS_STRIDE]
 
-// One 16x16 output block through this subgroup's tile of `cs`: hi + lo / LO_SCALE, this
-// lane's 8 elements (element e = lane + 32 i: row e / 16, column e % 16). Every subgroup
-// calls it in step (the barriers are workgroup-wide).
+// One 16x16 output block through this subgroup's tile of `cs`: hi + lo / LO_SCALE, joined on
+// the matrices before the store (one store and one read where the hi and lo tiles went
+// through `cs` in turn), this lane's 8 elements (element e = lane + 32 i: row e / 16, column
+// e % 16). Every subgroup calls it in step (the barriers are workgroup-wide).
 fn tile_values(hi: coop_mat16x16<f32, C>, lo: coop_mat16x16<f32, C>, cb: u32, lane: u32) -> array<f32, 8> {
     workgroupBarrier();
-    coopStoreT(hi, &cs[cb], CS_STRIDE);
+    coopStoreT(hi + lo * (1.0 / LO_SCALE), &cs[cb], CS_STRIDE);
     workgroupBarrier();
     var v: array<f32, 8>;
     for (var i = 0u; i < 8u; i++) {
         let e = lane + i * 32u;
         v[i] = cs[cb + (e / 16u) * CS_STRIDE + e % 16u];
-    }
-    workgroupBarrier();
-    coopStoreT(lo, &cs[cb], CS_STRIDE);
-    workgroupBarrier();
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + i * 32u;
-        v[i] = v[i] + cs[cb + (e / 16u) * CS_STRIDE + e % 16u] * (1.0 / LO_SCALE);
     }
     return v;
 }

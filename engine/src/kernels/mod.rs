@@ -200,11 +200,11 @@ pub const ATTENTION_COOP_QUERIES: u32 = 64;
 
 /// attention_coop.wgsl with `nsg` subgroups of 16 queries per workgroup (4 as written, or 2)
 /// and its P·V leaving through the score tile `od` dims a round (32 as written: half the
-/// tile, two rounds; or 64 with 2 subgroups): 4 subgroups share one staging of K|V and fit
-/// the 48 KB of workgroup memory only with 32.
+/// tile, two rounds; or 64: one round through a tile twice as wide). Workgroup memory:
+/// 4 x 32 37 KiB, 4 x 64 45 KiB, 2 x 64 32 KiB, 2 x 32 28 KiB.
 pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
-    if !matches!((nsg, od), (2, 64) | (2, 32) | (4, 32)) {
-        return Err(Error::Invalid(format!("attention_coop: {nsg} subgroups with {od}-dim rounds (2 x 64, 2 x 32 or 4 x 32)")));
+    if !matches!((nsg, od), (2, 64) | (2, 32) | (4, 32) | (4, 64)) {
+        return Err(Error::Invalid(format!("attention_coop: {nsg} subgroups with {od}-dim rounds (2 x 64, 2 x 32, 4 x 32 or 4 x 64)")));
     }
     let n = format!("const NSG: u32 = {nsg}u;");
     let o = format!("const OD: u32 = {od}u;");
@@ -803,7 +803,7 @@ impl Kernels {
         // attention_coop.wgsl, to compare on a device.
         match std::env::var("VERBATIM_ATTENTION_COOP_SHAPE") {
             Ok(v) if !v.is_empty() => {
-                let bad = || Error::Invalid(format!("VERBATIM_ATTENTION_COOP_SHAPE={v}: 2x64, 2x32 or 4x32"));
+                let bad = || Error::Invalid(format!("VERBATIM_ATTENTION_COOP_SHAPE={v}: 2x64, 2x32, 4x32 or 4x64"));
                 let (n, o) = v.split_once('x').ok_or_else(bad)?;
                 let (n, o) = (n.parse().map_err(|_| bad())?, o.parse().map_err(|_| bad())?);
                 kernels.with_attention_coop_shape(gpu, n, o)
@@ -844,6 +844,7 @@ impl Kernels {
         if self.attention_coop.is_some() {
             let name = match (nsg, od) {
                 (4, 32) => "attention_coop",
+                (4, 64) => "attention_coop (64-dim rounds)",
                 (2, 64) => "attention_coop (2 subgroups, 64-dim rounds)",
                 _ => "attention_coop (2 subgroups, 32-dim rounds)",
             };

@@ -1026,7 +1026,8 @@ fn run_attention_fused_with(mut kern: Kernels, r: &mut StdRng, t: usize, heads: 
 /// The encoder's self-attention on tensor cores (attention_coop.wgsl) against the CPU on the
 /// H200: a partial query tile, a partial last key block, several key splits with a short
 /// last one (1500 = 3 x 384 + 348), one head and several, planes and partials poisoned
-/// first; each shape of the kernel (4 subgroups x 32-dim rounds, shipped; 2 x 32; 2 x 64).
+/// first; each shape of the kernel (4 subgroups x 32-dim rounds, shipped; 2 x 32; 2 x 64;
+/// 4 x 64).
 /// Where the device has no cooperative matrices (lavapipe) the same calls take the blocked
 /// kernel and are held to the same reference.
 #[test]
@@ -1035,7 +1036,7 @@ fn attention_coop_matches_reference() {
     let g = gpu();
     let coop = Kernels::load(g).unwrap().attention_coop.is_some();
     // Each shape of the kernel (subgroups x dims a P·V round): the shipped one and the lab's.
-    for (nsg, od, name) in [(4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)")] {
+    for (nsg, od, name) in [(4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
         let want: Vec<&str> = if coop { vec![name, "attention_merge", "split_f16_heads"] } else { vec!["attention_blocked", "attention_merge"] };
         let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap();
         for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
@@ -1764,7 +1765,7 @@ fn coop_sources_are_valid_wgsl() {
     assert!(super::GEMM_PLANES_SOURCE.contains(&format!("const CK: u32 = {}u;", super::GEMM_PLANES_CK)));
     let nsg = super::ATTENTION_COOP_QUERIES / 16;
     assert!(staged.contains(&format!("const NSG: u32 = {nsg}u;")) && staged.contains(&format!("@workgroup_size({})", 32 * nsg)));
-    let attention_variants: Vec<String> = [(2u32, 32u32), (2, 64)].iter().map(|&(n, od)| super::attention_coop_source(n, od).unwrap()).collect();
+    let attention_variants: Vec<String> = [(2u32, 32u32), (2, 64), (4, 64)].iter().map(|&(n, od)| super::attention_coop_source(n, od).unwrap()).collect();
     let mut sources = vec![GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()];
     sources.extend(attention_variants.iter().map(|s| s.as_str()));
     let narrow = super::gemm_planes_narrow_source().unwrap();
