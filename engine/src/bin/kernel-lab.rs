@@ -1268,10 +1268,10 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         // the K|V loads after the first block.
         let no_pv: Vec<(&str, &str)> = (0..4)
             .map(|i| [
-                "            pv(&pv0, a4, ah, al, t, 0u);\n",
-                "            pv(&pv1, a4, ah, al, t, 1u);\n",
-                "            pv(&pv2, a4, ah, al, t, 2u);\n",
-                "            pv(&pv3, a4, ah, al, t, 3u);\n",
+                "            pv(&oh0, &ol0, ah, al, t, 0u);\n",
+                "            pv(&oh1, &ol1, ah, al, t, 1u);\n",
+                "            pv(&oh2, &ol2, ah, al, t, 2u);\n",
+                "            pv(&oh3, &ol3, ah, al, t, 3u);\n",
             ][i])
             .map(|l| (l, ""))
             .collect();
@@ -2155,7 +2155,7 @@ fn main() -> ExitCode {
 /// through workgroup memory (stores, barriers, the lanes' reads) taken every 4th block only:
 /// what that round trip costs (timing only: the output is not the attention's).
 fn attention_out4() -> engine::Result<String> {
-    let decls: String = ["pv0", "pv1", "pv2", "pv3"].iter().map(|n| format!("        var {n} = coop_mat16x16<f32, C>();\n")).collect();
+    let decls: String = ["oh0", "oh1", "oh2", "oh3", "ol0", "ol1", "ol2", "ol3"].iter().map(|n| format!("        var {n} = coop_mat16x16<f32, C>();\n")).collect();
     let hoisted = decls.replace("        var", "    var");
     let src = engine::kernels::rewrite_source("out4", ATTN_STAGED, &[(decls.as_str(), "")])?;
     engine::kernels::rewrite_source(

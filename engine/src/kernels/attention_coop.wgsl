@@ -1,10 +1,9 @@
 // The encoder's self-attention (head_dim 64, no mask) on cooperative matrices (tensor
 // cores), where the device has them. Q, K and V come as the f16 hi/lo head planes that
 // split_f16.wgsl's main_heads writes ([6][heads][t_pad][64]: q hi, q lo, k hi, k lo, v hi,
-// v lo; q already scaled); products exact to f32 as in gemm_coop.wgsl: for Q·K hi·hi and
-// hi·lo + lo·hi in separate accumulators, joined as hi + lo / LO_SCALE on the matrices
-// themselves before they are stored, so one f32 tile carries them; for P·V (P <= 1) all
-// three in one accumulator, P's hi part scaled up instead (`pv`). A workgroup takes QW = 16 NSG
+// v lo; q already scaled); products exact to f32 as in gemm_coop.wgsl (hi·hi and hi·lo +
+// lo·hi in separate accumulators, joined as hi + lo / LO_SCALE on the matrices themselves
+// before they are stored, so one f32 tile carries them). A workgroup takes QW = 16 NSG
 // queries of one head (NSG = 4 subgroups of 16) and one key split, walks its keys in blocks
 // of 32 with an online softmax, and writes the partial (m, l, Σ p v) that attention.wgsl's
 // main_merge reads (as attention_blocked.wgsl's splits do). Scores go through workgroup
@@ -52,7 +51,7 @@ const LO_SCALE: f32 = 4096.0;
 
 var<workgroup> kv: array<vec4<f16>, 2304>; // [4: k hi, k lo, v hi, v lo][32 keys][KS]
 var<workgroup> scores: array<f32, NSG * 16u * SS>; // [NSG subgroups][16][SS]
-var<workgroup> p_hi: array<f16, NSG * 16u * PS>; // [NSG subgroups][16][PS], LO_SCALE x the hi part
+var<workgroup> p_hi: array<f16, NSG * 16u * PS>; // [NSG subgroups][16][PS]
 var<workgroup> p_lo: array<f16, NSG * 16u * PS>;
 
 fn split_hi(v: f32) -> f32 {
@@ -91,27 +90,21 @@ fn qk(sh: ptr<function, coop_mat16x16<f32, C>>, sl: ptr<function, coop_mat16x16<
     *sl = coopMultiplyAdd(ql, kh, *sl);
 }
 
-// O (16 queries x 16 dims from 16 dt) += P (keys t..t+15 of the block) · V, all three
-// products in one accumulator at LO_SCALE times the output: (LO_SCALE p hi)·v hi + p hi·v lo
-// + p lo·v hi, v lo and p lo being LO_SCALE times their parts already. P <= 1, so LO_SCALE
-// p hi is an exact f16 (<= 4096); one accumulator a 16 x 16 block instead of a hi and a lo
-// one is 32 registers a lane less over the four blocks of a row.
-fn pv(o: ptr<function, coop_mat16x16<f32, C>>, a4: coop_mat16x16<f16, A>, ah: coop_mat16x16<f16, A>,
-      al: coop_mat16x16<f16, A>, t: u32, dt: u32) {
+// O (16 queries x 16 dims from 16 dt) += P (keys t..t+15 of the block) · V.
+fn pv(oh: ptr<function, coop_mat16x16<f32, C>>, ol: ptr<function, coop_mat16x16<f32, C>>,
+      ah: coop_mat16x16<f16, A>, al: coop_mat16x16<f16, A>, t: u32, dt: u32) {
     let vh = coopLoadT<coop_mat16x16<f16, B>>(&kv[(64u + t) * KS + 4u * dt], KS);
     let vl = coopLoadT<coop_mat16x16<f16, B>>(&kv[(96u + t) * KS + 4u * dt], KS);
-    *o = coopMultiplyAdd(a4, vh, *o);
-    *o = coopMultiplyAdd(ah, vl, *o);
-    *o = coopMultiplyAdd(al, vh, *o);
+    *oh = coopMultiplyAdd(ah, vh, *oh);
+    *ol = coopMultiplyAdd(ah, vl, *ol);
+    *ol = coopMultiplyAdd(al, vh, *ol);
 }
 
-// Four probabilities into the subgroup's P tile: LO_SCALE x the hi part (exact: p <= 1) and
-// the lo part, as f16.
+// Four probabilities into the subgroup's P tile as f16 hi/lo.
 fn put_p4(e: vec4<f32>, i: u32) {
     let h = vec4<f32>(split_hi(e.x), split_hi(e.y), split_hi(e.z), split_hi(e.w));
     let lo = (e - h) * LO_SCALE;
-    let h4 = h * LO_SCALE;
-    p_hi[i] = f16(h4.x); p_hi[i + 1u] = f16(h4.y); p_hi[i + 2u] = f16(h4.z); p_hi[i + 3u] = f16(h4.w);
+    p_hi[i] = f16(h.x); p_hi[i + 1u] = f16(h.y); p_hi[i + 2u] = f16(h.z); p_hi[i + 3u] = f16(h.w);
     p_lo[i] = f16(lo.x); p_lo[i + 1u] = f16(lo.y); p_lo[i + 2u] = f16(lo.z); p_lo[i + 3u] = f16(lo.w);
 }
 
@@ -197,25 +190,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         put_p4(e2, prow + 8u);
         put_p4(e3, prow + 12u);
         workgroupBarrier();
-        var pv0 = coop_mat16x16<f32, C>();
-        var pv1 = coop_mat16x16<f32, C>();
-        var pv2 = coop_mat16x16<f32, C>();
-        var pv3 = coop_mat16x16<f32, C>();
+        var oh0 = coop_mat16x16<f32, C>();
+        var oh1 = coop_mat16x16<f32, C>();
+        var oh2 = coop_mat16x16<f32, C>();
+        var oh3 = coop_mat16x16<f32, C>();
+        var ol0 = coop_mat16x16<f32, C>();
+        var ol1 = coop_mat16x16<f32, C>();
+        var ol2 = coop_mat16x16<f32, C>();
+        var ol3 = coop_mat16x16<f32, C>();
         for (var t = 0u; t < BK; t += 16u) {
-            let a4 = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[pb + t], PS);
-            let ah = a4 * f16(1.0 / LO_SCALE);
+            let ah = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[pb + t], PS);
             let al = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[pb + t], PS);
-            pv(&pv0, a4, ah, al, t, 0u);
-            pv(&pv1, a4, ah, al, t, 1u);
-            pv(&pv2, a4, ah, al, t, 2u);
-            pv(&pv3, a4, ah, al, t, 3u);
+            pv(&oh0, &ol0, ah, al, t, 0u);
+            pv(&oh1, &ol1, ah, al, t, 1u);
+            pv(&oh2, &ol2, ah, al, t, 2u);
+            pv(&oh3, &ol3, ah, al, t, 3u);
         }
         if (OD == 64u) {
             // One round: lane half h adds dims 32 h .. 32 h + 31.
-            coopStoreT(pv0 * (1.0 / LO_SCALE), &scores[sb], SS);
-            coopStoreT(pv1 * (1.0 / LO_SCALE), &scores[sb + 16u], SS);
-            coopStoreT(pv2 * (1.0 / LO_SCALE), &scores[sb + 32u], SS);
-            coopStoreT(pv3 * (1.0 / LO_SCALE), &scores[sb + 48u], SS);
+            coopStoreT(joined(oh0, ol0), &scores[sb], SS);
+            coopStoreT(joined(oh1, ol1), &scores[sb + 16u], SS);
+            coopStoreT(joined(oh2, ol2), &scores[sb + 32u], SS);
+            coopStoreT(joined(oh3, ol3), &scores[sb + 48u], SS);
             workgroupBarrier();
             let ob = rb + half_ * 32u;
             o0 = fma(o0, vec4<f32>(alpha), s4(ob));
@@ -229,8 +225,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         } else {
             // Two rounds of 32 dims (half the tile): lane half h adds dims 16 h .. 16 h + 15,
             // then 32 + 16 h .. 32 + 16 h + 15.
-            coopStoreT(pv0 * (1.0 / LO_SCALE), &scores[sb], SS);
-            coopStoreT(pv1 * (1.0 / LO_SCALE), &scores[sb + 16u], SS);
+            coopStoreT(joined(oh0, ol0), &scores[sb], SS);
+            coopStoreT(joined(oh1, ol1), &scores[sb + 16u], SS);
             workgroupBarrier();
             let ob = rb + half_ * 16u;
             o0 = fma(o0, vec4<f32>(alpha), s4(ob));
@@ -238,8 +234,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
             o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
             workgroupBarrier();
-            coopStoreT(pv2 * (1.0 / LO_SCALE), &scores[sb], SS);
-            coopStoreT(pv3 * (1.0 / LO_SCALE), &scores[sb + 16u], SS);
+            coopStoreT(joined(oh2, ol2), &scores[sb], SS);
+            coopStoreT(joined(oh3, ol3), &scores[sb + 16u], SS);
             workgroupBarrier();
             o4 = fma(o4, vec4<f32>(alpha), s4(ob));
             o5 = fma(o5, vec4<f32>(alpha), s4(ob + 4u));
