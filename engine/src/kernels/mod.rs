@@ -116,17 +116,6 @@ pub const GEMV_ROWS_SOURCE: &str =
     concat!(include_str!("gelu.wgsl"), include_str!("gemv_common.wgsl"), include_str!("gemv_rows.wgsl"));
 /// Outputs per workgroup of gemv_rows.wgsl (GROUPS = 8 x RPG = 4).
 const GEMV_ROWS_OUTPUTS: u32 = 32;
-/// Activation rows per workgroup of gemv_rows.wgsl as written (its RG).
-const GEMV_ROWS_ROW_GROUP: u32 = 4;
-
-/// gemv_rows.wgsl with `rg` activation rows per workgroup (1 to 4; 4 as written).
-pub fn gemv_rows_source(rg: u32) -> Result<String> {
-    if !(1..=4).contains(&rg) {
-        return Err(Error::Invalid(format!("gemv_rows: {rg} rows a workgroup (1 to 4)")));
-    }
-    let to = format!("const RG: u32 = {rg}u;");
-    rewrite_source("gemv_rows.wgsl", GEMV_ROWS_SOURCE, &[(&format!("const RG: u32 = {GEMV_ROWS_ROW_GROUP}u;"), to.as_str())])
-}
 /// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
 pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention_io.wgsl"), include_str!("attention.wgsl"), include_str!("f16_split.wgsl"));
 /// attention_blocked.wgsl: the register-blocked attention for many queries of head_dim 64.
@@ -672,8 +661,6 @@ pub struct Kernels {
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     gemv_rows: Arc<Kernel>,
-    /// Its activation rows per workgroup (`VERBATIM_ROWS_GROUP`, to compare on a device).
-    gemv_rows_group: u32,
     /// Block-quantized GEMVs (gemv_q.wgsl): q8_0, q4_0, and their wide forms.
     gemv_q8: Arc<Kernel>,
     gemv_q4: Arc<Kernel>,
@@ -716,10 +703,6 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
-        let rows_group = match std::env::var("VERBATIM_ROWS_GROUP") {
-            Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_ROWS_GROUP={v}: 1 to 4")))?,
-            _ => GEMV_ROWS_ROW_GROUP,
-        };
         let kernels = Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
@@ -789,8 +772,7 @@ impl Kernels {
                 &gemv_stream_source(gemv_stream_slices(&gpu.device.limits()))?,
                 &[R, R, R, R, R, W],
             )?,
-            gemv_rows: gpu.kernel("gemv_rows_f16", &gemv_rows_source(rows_group)?, &[R, R, R, R, R, W])?,
-            gemv_rows_group: rows_group,
+            gemv_rows: gpu.kernel("gemv_rows_f16", GEMV_ROWS_SOURCE, &[R, R, R, R, R, W])?,
             gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
             gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
@@ -963,7 +945,7 @@ impl Kernels {
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · Wᵀ + b) (`norm` Some) or act(x[r] · Wᵀ + b) for any
     /// number of rows over a row-major matrix (gemv_rows.wgsl: the logits over the
-    /// embedding table), up to 4 rows a workgroup, each row bit-identical to the same row
+    /// embedding table), one grid layer per row, each row bit-identical to the same row
     /// alone.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_rows(
@@ -985,8 +967,8 @@ impl Kernels {
         cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };
         let b = bias.unwrap_or(&self.zero);
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
-        // Row group fastest in the grid: a block's groups run side by side (gemv_rows.wgsl).
-        let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m.div_ceil(self.gemv_rows_group));
+        // Row fastest in the grid: a block's rows run side by side (gemv_rows.wgsl).
+        let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m);
         rec.dispatch(&self.gemv_rows, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
     }
 
