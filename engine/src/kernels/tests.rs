@@ -185,8 +185,9 @@ fn linear_rows_matches_reference_and_rows_equal_lone_rows() {
     let (rows, biased) = (TestWeights::Rows { bias: false }, TestWeights::Rows { bias: true });
     run_rows_equal_lone(&mut r, rows, 1, 1003, 390, true, false, false);
     run_rows_equal_lone(&mut r, biased, 3, 70, 46, false, false, true);
-    // K past 512 takes the kernel's loop.
+    // K past 512 takes the kernel's loop (with several rows too).
     run_rows_equal_lone(&mut r, biased, 2, 37, 1030, true, true, false);
+    run_rows_equal_lone(&mut r, rows, 5, 45, 1030, true, false, false);
     run_rows_equal_lone(&mut r, rows, 1, 33, 2, false, false, false);
     run_rows_equal_lone(&mut r, rows, 4, 64, 512, true, false, false);
     run_rows_equal_lone(&mut r, biased, 8, 99, 384, true, false, false);
