@@ -50,12 +50,9 @@ const NEG: f32 = -3.0e38;
 const LO_SCALE: f32 = 4096.0;
 
 var<workgroup> kv: array<vec4<f16>, 2304>; // [4: k hi, k lo, v hi, v lo][32 keys][KS]
-// The tiles as vec4 words (the cooperative loads and stores take their strides in them):
-// a lane reads four scores, or writes four probabilities, with one instruction. Indices
-// below count floats or halves; every one the lanes use is a multiple of 4.
-var<workgroup> scores: array<vec4<f32>, NSG * 4u * SS>; // [NSG subgroups][16][SS] floats
-var<workgroup> p_hi: array<vec4<f16>, NSG * 4u * PS>; // [NSG subgroups][16][PS] halves
-var<workgroup> p_lo: array<vec4<f16>, NSG * 4u * PS>;
+var<workgroup> scores: array<f32, NSG * 16u * SS>; // [NSG subgroups][16][SS]
+var<workgroup> p_hi: array<f16, NSG * 16u * PS>; // [NSG subgroups][16][PS]
+var<workgroup> p_lo: array<f16, NSG * 16u * PS>;
 
 fn split_hi(v: f32) -> f32 {
     return bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);
@@ -74,7 +71,7 @@ fn stage(j0: u32, hb4: u32, plane4: u32, lid: u32) {
 }
 
 fn s4(i: u32) -> vec4<f32> {
-    return scores[i / 4u];
+    return vec4<f32>(scores[i], scores[i + 1u], scores[i + 2u], scores[i + 3u]);
 }
 
 // A 16x16 block of products as one f32 matrix: hi + lo / LO_SCALE, the arithmetic a lane
@@ -107,8 +104,8 @@ fn pv(oh: ptr<function, coop_mat16x16<f32, C>>, ol: ptr<function, coop_mat16x16<
 fn put_p4(e: vec4<f32>, i: u32) {
     let h = vec4<f32>(split_hi(e.x), split_hi(e.y), split_hi(e.z), split_hi(e.w));
     let lo = (e - h) * LO_SCALE;
-    p_hi[i / 4u] = vec4<f16>(h);
-    p_lo[i / 4u] = vec4<f16>(lo);
+    p_hi[i] = f16(h.x); p_hi[i + 1u] = f16(h.y); p_hi[i + 2u] = f16(h.z); p_hi[i + 3u] = f16(h.w);
+    p_lo[i] = f16(lo.x); p_lo[i + 1u] = f16(lo.y); p_lo[i + 2u] = f16(lo.z); p_lo[i + 3u] = f16(lo.w);
 }
 
 @compute @workgroup_size(128)
@@ -160,7 +157,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             qk(&sh, &sl, qh1, ql1, t, 1u);
             qk(&sh, &sl, qh2, ql2, t, 2u);
             qk(&sh, &sl, qh3, ql3, t, 3u);
-            coopStoreT(joined(sh, sl), &scores[(sb + t) / 4u], SS / 4u);
+            coopStoreT(joined(sh, sl), &scores[sb + t], SS);
         }
         workgroupBarrier();
         // Softmax over the block: this lane's 16 keys, its partner lane's other 16.
@@ -202,8 +199,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         var ol2 = coop_mat16x16<f32, C>();
         var ol3 = coop_mat16x16<f32, C>();
         for (var t = 0u; t < BK; t += 16u) {
-            let ah = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[(pb + t) / 4u], PS / 4u);
-            let al = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[(pb + t) / 4u], PS / 4u);
+            let ah = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[pb + t], PS);
+            let al = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[pb + t], PS);
             pv(&oh0, &ol0, ah, al, t, 0u);
             pv(&oh1, &ol1, ah, al, t, 1u);
             pv(&oh2, &ol2, ah, al, t, 2u);
@@ -211,10 +208,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         }
         if (OD == 64u) {
             // One round: lane half h adds dims 32 h .. 32 h + 31.
-            coopStoreT(joined(oh0, ol0), &scores[sb / 4u], SS / 4u);
-            coopStoreT(joined(oh1, ol1), &scores[(sb + 16u) / 4u], SS / 4u);
-            coopStoreT(joined(oh2, ol2), &scores[(sb + 32u) / 4u], SS / 4u);
-            coopStoreT(joined(oh3, ol3), &scores[(sb + 48u) / 4u], SS / 4u);
+            coopStoreT(joined(oh0, ol0), &scores[sb], SS);
+            coopStoreT(joined(oh1, ol1), &scores[sb + 16u], SS);
+            coopStoreT(joined(oh2, ol2), &scores[sb + 32u], SS);
+            coopStoreT(joined(oh3, ol3), &scores[sb + 48u], SS);
             workgroupBarrier();
             let ob = rb + half_ * 32u;
             o0 = fma(o0, vec4<f32>(alpha), s4(ob));
@@ -228,8 +225,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         } else {
             // Two rounds of 32 dims (half the tile): lane half h adds dims 16 h .. 16 h + 15,
             // then 32 + 16 h .. 32 + 16 h + 15.
-            coopStoreT(joined(oh0, ol0), &scores[sb / 4u], SS / 4u);
-            coopStoreT(joined(oh1, ol1), &scores[(sb + 16u) / 4u], SS / 4u);
+            coopStoreT(joined(oh0, ol0), &scores[sb], SS);
+            coopStoreT(joined(oh1, ol1), &scores[sb + 16u], SS);
             workgroupBarrier();
             let ob = rb + half_ * 16u;
             o0 = fma(o0, vec4<f32>(alpha), s4(ob));
@@ -237,8 +234,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
             o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
             workgroupBarrier();
-            coopStoreT(joined(oh2, ol2), &scores[sb / 4u], SS / 4u);
-            coopStoreT(joined(oh3, ol3), &scores[(sb + 16u) / 4u], SS / 4u);
+            coopStoreT(joined(oh2, ol2), &scores[sb], SS);
+            coopStoreT(joined(oh3, ol3), &scores[sb + 16u], SS);
             workgroupBarrier();
             o4 = fma(o4, vec4<f32>(alpha), s4(ob));
             o5 = fma(o5, vec4<f32>(alpha), s4(ob + 4u));
