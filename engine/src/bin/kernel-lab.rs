@@ -1291,7 +1291,13 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             (".no_stage", " (the first block's K|V reused: no loads after it)".to_string(), engine::kernels::rewrite_source("no_stage", ATTN_STAGED, &[("            stage(j0 + BK, hb4, plane4, lid);\n", "")])?),
             (".out4", " (P·V accumulators kept over 4 blocks: the output's round trip through workgroup memory every 4th)".to_string(), attention_out4()?),
         ];
-        for (split_keys, vi) in [(384u32, 0usize), (768, 0), (384, 1), (384, 2), (384, 3), (384, 4)] {
+        let mut att_variants = att_variants.to_vec();
+        let mut runs = vec![(384u32, 0usize), (768, 0), (384, 1), (384, 2), (384, 3), (384, 4)];
+        if gpu.device.features().contains(wgpu::Features::SUBGROUP_BARRIER) {
+            att_variants.push((".sgbar", " (subgroup barriers where a subgroup only meets its own tiles: 2 workgroup barriers a block instead of 6; timing only, not ordered for workgroup memory by the SPIR-V naga writes)".to_string(), attention_subgroup_barriers()?));
+            runs.push((384, att_variants.len() - 1));
+        }
+        for (split_keys, vi) in runs {
             let (suffix, what, vsrc) = &att_variants[vi];
             let att_coop = gpu.kernel(static_name(&format!("lab attention_coop{suffix}")), vsrc, &[r, w])?;
             let n_splits = t.div_ceil(split_keys);
@@ -2166,4 +2172,25 @@ fn attention_out4() -> engine::Result<String> {
             ("        if (OD == 64u) {\n", "        if (((j0 - j_begin) / BK) % 4u != 3u && j0 + BK < j_end) {\n        } else if (OD == 64u) {\n"),
         ],
     )
+}
+
+/// attention_coop.wgsl with subgroupBarrier() where a barrier only orders a subgroup's own
+/// score and P tiles (the score store before the softmax, P before P·V, the output's round
+/// trip), a workgroup barrier kept for the shared K|V staging: how much the workgroup-wide
+/// barriers cost. Timing only: naga's subgroupBarrier carries subgroup-memory semantics,
+/// which do not order workgroup memory under the Vulkan memory model.
+fn attention_subgroup_barriers() -> engine::Result<String> {
+    let src = ATTN_STAGED;
+    let (from, to) = ("    for (var j0 = j_begin", "        // (every K|V read of this block is behind the barrier above)\n");
+    let (a, b) = (src.find(from), src.find(to));
+    let (Some(a), Some(b)) = (a, b) else {
+        return Err(engine::Error::Invalid("sgbar: the block loop not found".into()));
+    };
+    let body = &src[a..b];
+    let n = body.matches("workgroupBarrier();").count();
+    if n < 4 {
+        return Err(engine::Error::Invalid(format!("sgbar: {n} barriers in the block loop")));
+    }
+    let body = body.replace("workgroupBarrier();", "subgroupBarrier();");
+    Ok(format!("{}{}        workgroupBarrier();\n{}", &src[..a], body, &src[b..]))
 }

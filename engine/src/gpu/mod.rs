@@ -94,6 +94,8 @@ pub struct Gpu {
 fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
     let mut f = wgpu::Features::SHADER_F16
         | wgpu::Features::SUBGROUP
+        // (the kernel lab's subgroup-barrier variants; no engine kernel uses it)
+        | wgpu::Features::SUBGROUP_BARRIER
         | wgpu::Features::TIMESTAMP_QUERY
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
     if coop_matrix_usable(adapter) {
