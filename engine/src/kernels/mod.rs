@@ -661,6 +661,9 @@ pub struct Kernels {
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     gemv_rows: Arc<Kernel>,
+    /// Matrices of at least this many bytes take gemv_stream ([`GEMV_WIDE_MIN_BYTES`], or
+    /// `VERBATIM_GEMV_WIDE_MIN_BYTES` to compare on a device).
+    gemv_wide_min_bytes: u64,
     /// Block-quantized GEMVs (gemv_q.wgsl): q8_0, q4_0, and their wide forms.
     gemv_q8: Arc<Kernel>,
     gemv_q4: Arc<Kernel>,
@@ -773,6 +776,10 @@ impl Kernels {
                 &[R, R, R, R, R, W],
             )?,
             gemv_rows: gpu.kernel("gemv_rows_f16", GEMV_ROWS_SOURCE, &[R, R, R, R, R, W])?,
+            gemv_wide_min_bytes: match std::env::var("VERBATIM_GEMV_WIDE_MIN_BYTES") {
+                Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMV_WIDE_MIN_BYTES={v}: a byte count")))?,
+                _ => GEMV_WIDE_MIN_BYTES,
+            },
             gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
             gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
@@ -909,7 +916,7 @@ impl Kernels {
         // a lone row (what a verify pass needs); else the shared kernel for several rows.
         let (kernel, cp, layers) = if m > 1 && !per_row {
             (&self.gemv, GEMV_COLUMN_PAIRS, 1)
-        } else if w.bytes() >= GEMV_WIDE_MIN_BYTES && w.n.is_multiple_of(8) {
+        } else if w.bytes() >= self.gemv_wide_min_bytes && w.n.is_multiple_of(8) {
             (&self.gemv_stream, GEMV_STREAM_COLUMN_PAIRS, m)
         } else {
             (&self.gemv_m1, GEMV_COLUMN_PAIRS, m)
