@@ -1743,6 +1743,22 @@ fn recording_submitted_in_parts_equals_one_submission() {
     }
 }
 
+/// attention_coop.wgsl's shapes: each one it builds has its subgroups, its P·V round width
+/// and its workgroup size rewritten (the source as written is 4 x 32); any other shape is
+/// refused, not built wrong.
+#[test]
+fn attention_coop_shapes_rewrite_or_refuse() {
+    for (nsg, od) in [(2u32, 32u32), (2, 64), (4, 32), (4, 64)] {
+        let src = super::attention_coop_source(nsg, od).unwrap();
+        for want in [format!("const NSG: u32 = {nsg}u;"), format!("const OD: u32 = {od}u;"), format!("@workgroup_size({})", 32 * nsg)] {
+            assert!(src.contains(&want), "{nsg} x {od}: no {want}");
+        }
+    }
+    for (nsg, od) in [(1, 32), (3, 32), (8, 32), (4, 16), (2, 48), (4, 128)] {
+        assert!(super::attention_coop_source(nsg, od).is_err(), "{nsg} x {od} was built");
+    }
+}
+
 /// The cooperative-matrix kernels cannot run on lavapipe, but their sources can still be parsed
 /// and validated here (with every capability allowed), so CI catches a WGSL mistake.
 #[test]
