@@ -1284,14 +1284,13 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         .iter()
         .map(|l| (*l, ""))
         .collect();
-        let att_variants = [
+        let mut att_variants = vec![
             ("", ", shipped: K|V staged as vec4<f16> words, softmax from registers".to_string(), ATTN_STAGED.to_string()),
             (".no_pv", " (no P·V products)".to_string(), engine::kernels::rewrite_source("no_pv", ATTN_STAGED, &no_pv)?),
             (".no_qk", " (no Q·K products)".to_string(), engine::kernels::rewrite_source("no_qk", ATTN_STAGED, &no_qk)?),
             (".no_stage", " (the first block's K|V reused: no loads after it)".to_string(), engine::kernels::rewrite_source("no_stage", ATTN_STAGED, &[("            stage(j0 + BK, hb4, plane4, lid);\n", "")])?),
             (".out4", " (P·V accumulators kept over 4 blocks: the output's round trip through workgroup memory every 4th)".to_string(), attention_out4()?),
         ];
-        let mut att_variants = att_variants.to_vec();
         let mut runs = vec![(384u32, 0usize), (768, 0), (384, 1), (384, 2), (384, 3), (384, 4)];
         if gpu.device.features().contains(wgpu::Features::SUBGROUP_BARRIER) {
             att_variants.push((".sgbar", " (subgroup barriers where a subgroup only meets its own tiles: 2 workgroup barriers a block instead of 6; timing only, not ordered for workgroup memory by the SPIR-V naga writes)".to_string(), attention_subgroup_barriers()?));
