@@ -298,6 +298,112 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 4104, 1025, true, true, true);
 }
 
+/// ffn_decode.wgsl against LayerNorm, fc1, GELU, fc2 and the residual on the CPU, for `m`
+/// rows at an offset and a stride wider than d (the words between the rows must stay as
+/// they were). Twice on fresh rows with the same scratch: its counters must be left at zero
+/// for the next dispatch. Then each row alone, which must give the same bits.
+fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (off, stride) = (5, d + 3);
+    let gm: Vec<f32> = rand_vec(r, d, 0.5).iter().map(|v| v + 1.0).collect();
+    let bt = rand_vec(r, d, 0.5);
+    let w1 = f16_round(&rand_vec(r, ffn * d, 0.5));
+    let b1 = rand_vec(r, ffn, 0.5);
+    let w2 = f16_round(&rand_vec(r, d * ffn, 0.5));
+    let b2 = rand_vec(r, d, 0.5);
+    let w1m = F16Matrix::from_bits(g, "w1", &f16_bits(&w1), ffn, d).unwrap();
+    let w2m = F16Matrix::from_bits(g, "w2", &f16_bits(&w2), d, ffn).unwrap();
+    let (gb, bb, b1b, b2b) = (
+        g.upload_f32("gamma", &gm).unwrap(),
+        g.upload_f32("beta", &bt).unwrap(),
+        g.upload_f32("b1", &b1).unwrap(),
+        g.upload_f32("b2", &b2).unwrap(),
+    );
+    let scratch = g.buffer("ffn scratch", ffn_scratch_words(d as u32, ffn as u32) * 4).unwrap();
+    let norm = || NormArgs { gamma: &gb, beta: &bb, eps: 1e-5 };
+    let what = format!("m={m} d={d} ffn={ffn}");
+    let len = off + m * stride + 7;
+    for round in 0..2 {
+        // Rows with an offset mean (a residual stream's), the words around them random too.
+        let mut buf = rand_vec(r, len, 1.0);
+        let mut x = Vec::with_capacity(m * d);
+        for i in 0..m {
+            for c in 0..d {
+                buf[off + i * stride + c] += 2.0;
+                x.push(buf[off + i * stride + c]);
+            }
+        }
+        let xb = g.upload_f32("x", &buf).unwrap();
+        let mut rec = g.recorder();
+        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm(), &w1m, &b1b, &w2m, &b2b, &scratch).unwrap();
+        rec.submit(None).unwrap();
+        let got = g.read_f32(&xb, 0, len).unwrap();
+        let want = ops::ffn_residual(&x, m, d, &gm, &bt, 1e-5, &w1, &b1, ffn, &w2, &b2);
+        let mut rows = Vec::with_capacity(m * d);
+        for (i, (a, b)) in got.iter().zip(&buf).enumerate() {
+            let in_row = i >= off && (i - off) / stride < m && (i - off) % stride < d;
+            if in_row {
+                rows.push(*a);
+            } else {
+                assert_eq!(a.to_bits(), b.to_bits(), "{what}, round {round}: word {i} outside the rows changed");
+            }
+        }
+        let e = rel_err(&rows, &want);
+        assert!(e < 1e-5, "{what}, round {round}: rel err {e}");
+        if round == 1 {
+            let together = rows;
+            // Each row alone (its own dispatch), from the same inputs.
+            let mut rec = g.recorder();
+            let xa = g.upload_f32("x alone", &buf).unwrap();
+            for i in 0..m {
+                let row = Rows::at(&xa, off + i * stride, stride);
+                kern.ffn_decode(&mut rec, row, 1, norm(), &w1m, &b1b, &w2m, &b2b, &scratch).unwrap();
+            }
+            rec.submit(None).unwrap();
+            let alone = g.read_f32(&xa, 0, len).unwrap();
+            for i in 0..m {
+                for c in 0..d {
+                    let (a, b) = (together[i * d + c], alone[off + i * stride + c]);
+                    assert_eq!(a.to_bits(), b.to_bits(), "{what}: row {i} element {c} is {a}, alone {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn ffn_decode_matches_reference_and_lone_rows() {
+    let mut r = rng("ffn_decode");
+    // A ragged last chunk (406 = 25 x 16 + 6) and a ragged last group (26 chunks).
+    run_ffn_decode(&mut r, 3, 136, 406);
+    // More output pairs than threads (300), K slices of 19 words, a group of one chunk.
+    run_ffn_decode(&mut r, 1, 600, 520);
+    // tiny.en's shape with a verify pass's 8 rows.
+    run_ffn_decode(&mut r, 8, 384, 1536);
+}
+
+#[test]
+fn ffn_decode_refuses_what_it_cannot_do() {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let v = |n: usize| g.upload_f32("v", &vec![1.0; n]).unwrap();
+    let (x, gm, bt, b1, b2) = (v(64 * 9), v(64), v(64), v(96), v(64));
+    let w = |n: usize, k: usize| F16Matrix::from_bits(g, "w", &vec![0x3c00; n * k], n, k).unwrap();
+    let (w1, w2) = (w(96, 64), w(64, 96));
+    let scratch = g.buffer("s", ffn_scratch_words(64, 96) * 4).unwrap();
+    let small = g.buffer("s", ffn_scratch_words(64, 96) * 4 - 4).unwrap();
+    let norm = NormArgs { gamma: &gm, beta: &bt, eps: 1e-5 };
+    let mut rec = g.recorder();
+    let x_rows = Rows::new(&x, 64);
+    assert!(kern.ffn_decode(&mut rec, x_rows, 0, norm, &w1, &b1, &w2, &b2, &scratch).is_err(), "no rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 9, norm, &w1, &b1, &w2, &b2, &scratch).is_err(), "9 rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w2, &b2, &small).is_err(), "short scratch");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w1, &b2, &scratch).is_err(), "W2 of W1's shape");
+    assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, norm, &w1, &b1, &w2, &b2, &scratch).is_err(), "rows narrower than d");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 8, norm, &w1, &b1, &w2, &b2, &scratch).is_ok());
+}
+
 #[test]
 fn linear_gemm_matches_reference() {
     let mut r = rng("linear_gemm");

@@ -121,6 +121,32 @@ pub fn gelu(x: f32) -> f32 {
     (0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))) as f32
 }
 
+/// A transformer's feed-forward block with its residual, row-wise:
+/// x + GELU(LayerNorm(x) · W1ᵀ + b1) · W2ᵀ + b2, with W1 [ffn][d] and W2 [d][ffn] row-major
+/// (the hidden row in f32, as the GPU keeps it).
+#[allow(clippy::too_many_arguments)]
+pub fn ffn_residual(
+    x: &[f32],
+    rows: usize,
+    d: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    eps: f32,
+    w1: &[f32],
+    b1: &[f32],
+    ffn: usize,
+    w2: &[f32],
+    b2: &[f32],
+) -> Vec<f32> {
+    let xn = layer_norm(x, rows, d, gamma, beta, eps);
+    let mut h = linear(&xn, rows, d, w1, ffn, Some(b1));
+    for v in h.iter_mut() {
+        *v = gelu(*v);
+    }
+    let y = linear(&h, rows, ffn, w2, d, Some(b2));
+    x.iter().zip(&y).map(|(a, b)| a + b).collect()
+}
+
 /// Row-wise LayerNorm over `cols`: (x - mean) / sqrt(var + eps) * gamma + beta, with the
 /// biased variance (divide by cols) as PyTorch and CTranslate2 use. Two passes in f64.
 pub fn layer_norm(

@@ -55,7 +55,7 @@ pub const MAX_STEPS: usize = 16;
 
 /// The parts of a decode step as recorded (`Recorder::part`), in order; `verbatim bench
 /// --step-parts` leaves each out in turn (`GpuWhisper::leave_out`).
-pub const DECODE_PARTS: [&str; 12] = [
+pub const DECODE_PARTS: [&str; 13] = [
     "embed",
     "self_qkv",
     "self_attention",
@@ -65,6 +65,7 @@ pub const DECODE_PARTS: [&str; 12] = [
     "cross_out",
     "fc1",
     "fc2",
+    "ffn",
     "final_norm",
     "logits",
     "select",
@@ -92,6 +93,7 @@ struct DecBufs<'a> {
     dec_q: &'a Buffer,
     dec_attn: &'a Buffer,
     dec_h: &'a Buffer,
+    ffn_scratch: &'a Buffer,
     dec_norm: &'a Norm,
     logits: &'a Buffer,
     suppress: &'a Buffer,
@@ -110,6 +112,7 @@ macro_rules! dec_bufs {
             dec_q: &$s.dec_q,
             dec_attn: &$s.dec_attn,
             dec_h: &$s.dec_h,
+            ffn_scratch: &$s.ffn_scratch,
             dec_norm: &$s.dec_norm,
             logits: &$s.logits,
             suppress: &$s.suppress,
@@ -334,6 +337,8 @@ pub struct GpuWhisper {
     dec_q: Buffer,
     dec_attn: Buffer,
     dec_h: Buffer,
+    /// ffn_decode's partials and counters (one decoder feed-forward block at a time).
+    ffn_scratch: Buffer,
     tokens: Buffer,
     logits: Buffer,
     suppress: Buffer,
@@ -622,6 +627,7 @@ impl GpuWhisper {
             dec_q: g.buffer("decoder cross q", f32s(t * d))?,
             dec_attn: g.buffer("decoder attention", f32s(t * d))?,
             dec_h: g.buffer("decoder hidden", f32s(t * f))?,
+            ffn_scratch: g.buffer("decoder feed-forward partials", crate::kernels::ffn_scratch_words(d as u32, f as u32) * 4)?,
             // The fed tokens, then the timestamp state of batched steps (TS_STATE_WORDS at
             // word t + 1) and the batch's done flag (see `greedy_positions`).
             tokens: g.buffer("tokens", ((t + 1 + TS_STATE_WORDS + 1) * 4) as u64)?,
@@ -1196,11 +1202,21 @@ impl GpuWhisper {
                 (Some(splits), WRef::F16(w)) => k.linear_merged(rec, m, heads, hd, splits, w, Some(l.cross_out.b), x, acc)?,
                 _ => lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?,
             }
-            let h = Rows::new(b.dec_h, dims.ffn);
-            rec.part("fc1");
-            lin(rec, x, Some(l.ffn_norm), l.fc1, h, gelu)?;
-            rec.part("fc2");
-            lin(rec, h, None, l.fc2, x, acc)?;
+            // A decode step's row or a verify pass's rows over f16 weights: fc1 and fc2 in
+            // one dispatch (ffn_decode.wgsl; every row as it would be alone).
+            match (l.fc1.w, l.fc2.w) {
+                (WRef::F16(w1), WRef::F16(w2)) if k.ffn_fused && (m == 1 || per_row) => {
+                    rec.part("ffn");
+                    k.ffn_decode(rec, x, m, ln(l.ffn_norm), w1, l.fc1.b, w2, l.fc2.b, b.ffn_scratch)?;
+                }
+                _ => {
+                    let h = Rows::new(b.dec_h, dims.ffn);
+                    rec.part("fc1");
+                    lin(rec, x, Some(l.ffn_norm), l.fc1, h, gelu)?;
+                    rec.part("fc2");
+                    lin(rec, h, None, l.fc2, x, acc)?;
+                }
+            }
         }
         // The final LayerNorm and the logits (tied embeddings): of the last position only, or
         // of every position in a verify pass (each row then selected with its own rules).
