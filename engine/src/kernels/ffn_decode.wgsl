@@ -1,36 +1,27 @@
-// The decoder's feed-forward block for a few rows in one dispatch (a decode step's row, a
-// verify pass's rows): x[r] += GELU(LayerNorm(x[r]) W1 + b1) W2 + b2, the residual updated
-// in place. W1 is [d][ffn] and W2 [ffn][d], k-major with f16 pairs along N (F16Matrix).
+// The decoder's feed-forward block for a few rows (a decode step's row, a verify pass's
+// rows): x[r] += GELU(LayerNorm(x[r]) W1 + b1) W2 + b2, the residual updated in place, in
+// two dispatches. W1 is [d][ffn] and W2 [ffn][d], k-major with f16 pairs along N (F16Matrix).
 //
-// Why one kernel: as two GEMVs (fc1 with the LayerNorm and GELU folded in, then fc2
-// accumulating) the hidden row crosses the grid once, and fc2's long K starves it: small.en's
-// fc2 (K = 3072, N = 768) gets 48 workgroups of main_m1 each walking 3072 weight rows, 16 us
-// a GEMV in the decode stream on the H200, 0.19 ms of a 0.88 ms step.
+// Why not fc1 and fc2 as two GEMVs: fc2's long K starves main_m1 of workgroups (small.en's
+// fc2, K = 3072, N = 768: 48 workgroups each walking 3072 weight rows, 16 us a GEMV in the
+// decode stream on the H200, 0.19 ms of a 0.88 ms step).
 //
-// Here workgroup j takes the hidden units [16 j, 16 j + 16): it normalises the row itself,
-// computes its 16 hidden values (fc1's 16 columns, 8 column pairs x 32 K slices as main_m1,
-// so each weight word is read once per pass), and multiplies them by W2's 16 rows into a
-// partial of all d outputs. The partials are then summed in a fixed order with no
-// dependence on which workgroup finishes when: the last of each group of 16 chunks to
-// arrive (an atomic counter) sums the group's partials in chunk order, and the last group
-// to arrive sums the groups' sums in group order, adds b2 and the residual, and writes the
-// row. So a row's bits depend only on the row and the weights: a verify pass's rows equal
-// single decode steps bit for bit, which keeps speculative output identical to greedy.
+// `main`: workgroup j takes the hidden units [16 j, 16 j + 16): it normalises the row
+// itself, computes its 16 hidden values (fc1's 16 columns as 8 column pairs x 32 K slices,
+// as main_m1: each weight word is read once per pass) and multiplies them by W2's 16 rows
+// into a partial of all d outputs: [rows][chunks][d] in `part`. `main_sum` adds each
+// output's partials in chunk order, then b2 and the residual. The order is fixed, so a
+// row's bits are the row's alone: a verify pass's rows equal single decode steps bit for
+// bit, which keeps speculative output identical to greedy.
 //
-// Visibility between workgroups: partials and counters are atomics (they live in L2, never
-// in an SM's incoherent L1), and storageBarrier() (a device-scope acquire-release in SPIR-V)
-// orders a workgroup's partial stores before its counter increment and the last
-// workgroup's loads after it. No workgroup waits for another (no spinning): the last to
-// arrive does the next stage, so any schedule finishes. The counters are reset by the
-// workgroup that consumed them, ready for the next dispatch; wgpu zeroes new buffers.
-//
-// Scratch layout (u32 words, `ffn_scratch_words` in mod.rs): counters [MAXROWS][CSTRIDE]
-// (group g at g, the final one at CSTRIDE - 1), then partials [MAXROWS][chunks][d], then
-// group sums [MAXROWS][groups][d].
+// Not one dispatch: the last workgroup to arrive (atomic counters, the partials as atomics,
+// storageBarrier) summing them in the same dispatch read 18-22 us in the per-kernel table
+// on the H200 against 10-12 without the sum (commit 0c24cf9): its chain of L2 round trips
+// cost more than a dispatch boundary.
 
 struct Params {
-    d: u32, ffn: u32, chunks: u32, groups: u32,
-    x_off: u32, x_stride: u32, eps: f32, _pad: u32,
+    d: u32, ffn: u32, chunks: u32, x_off: u32,
+    x_stride: u32, eps: f32, _p0: u32, _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -41,23 +32,20 @@ struct Params {
 @group(0) @binding(5) var<storage, read> b2: array<f32>;
 @group(0) @binding(6) var<storage, read> gamma: array<f32>;
 @group(0) @binding(7) var<storage, read> beta: array<f32>;
-@group(0) @binding(8) var<storage, read_write> sc: array<atomic<u32>>;
+@group(0) @binding(8) var<storage, read_write> part: array<f32>;
 
 const WG: u32 = 256u;
 const CP: u32 = 8u; // hidden column pairs a workgroup (FFN_CHUNK = 2 CP hidden units in mod.rs)
 const CH: u32 = 16u; // hidden units a workgroup
 const KG: u32 = 32u; // K slices of the fc1 part (CP x KG = WG)
-const GROUP: u32 = 16u; // chunks a group sum covers (FFN_GROUP in mod.rs)
-const MAXROWS: u32 = 8u;
-const CSTRIDE: u32 = 64u; // counter words a row (FFN_COUNTERS in mod.rs)
+const SLICES: u32 = 16u; // main_sum: chunk slices a workgroup, each output's 16 in a tree
 const MAXD: u32 = 1280u; // d_model (FFN_MAX_D in mod.rs)
 
 var<workgroup> xn: array<f32, MAXD>; // LayerNorm(row)
 var<workgroup> tree: array<f32, WG>;
 var<workgroup> red: array<vec2<f32>, WG>; // [KG][CP] fc1 slices
 var<workgroup> hs: array<f32, CH>; // this chunk's hidden values
-var<workgroup> group_last: u32;
-var<workgroup> row_last: u32;
+var<workgroup> sums: array<f32, WG>; // main_sum: [SLICES][16 outputs]
 
 // Sum of v over the workgroup, a 4-ary tree (256 = 4^4: four barriers), every thread gets it.
 fn wg_total(v: f32, lid: u32) -> f32 {
@@ -108,63 +96,6 @@ fn fc2_words(h0: u32, nh: u32, t: u32, dw: u32) -> array<u32, CH> {
     );
 }
 
-// sc[at + i * step] as floats summed in order for i < count, sixteen loads issued before
-// any is added: the chain waits on one round trip to L2 per sixteen words, not per word (a
-// loop of `v += atomicLoad(..)` issues each load after the previous add).
-fn sum_words(at: u32, step: u32, count: u32) -> f32 {
-    var v = 0.0;
-    let last = count - 1u;
-    for (var i0 = 0u; i0 < count; i0 += 16u) {
-        let u = array<u32, 16>(
-            atomicLoad(&sc[at + min(i0 + 0u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 1u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 2u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 3u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 4u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 5u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 6u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 7u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 8u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 9u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 10u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 11u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 12u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 13u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 14u, last) * step]),
-            atomicLoad(&sc[at + min(i0 + 15u, last) * step]),
-        );
-        for (var i = 0u; i < 16u; i++) {
-            if (i0 + i < count) {
-                v += bitcast<f32>(u[i]);
-            }
-        }
-    }
-    return v;
-}
-
-// sum_words for the outputs lid + 256 i (i < 5: d <= 1280) of a row at `at`, each block of
-// 256 outputs issued whole; the blocks past d are skipped (a uniform condition) and the
-// outputs past d are d - 1's.
-fn sum_outputs(at: u32, count: u32, lid: u32) -> array<f32, 5> {
-    let d = p.d;
-    let lastc = d - 1u;
-    var s = array<f32, 5>(0.0, 0.0, 0.0, 0.0, 0.0);
-    s[0] = sum_words(at + min(lid, lastc), d, count);
-    if (d > WG) {
-        s[1] = sum_words(at + min(lid + WG, lastc), d, count);
-    }
-    if (d > 2u * WG) {
-        s[2] = sum_words(at + min(lid + 2u * WG, lastc), d, count);
-    }
-    if (d > 3u * WG) {
-        s[3] = sum_words(at + min(lid + 3u * WG, lastc), d, count);
-    }
-    if (d > 4u * WG) {
-        s[4] = sum_words(at + min(lid + 4u * WG, lastc), d, count);
-    }
-    return s;
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let j = wg.x;
@@ -174,8 +105,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h0 = j * CH;
     let nh = min(CH, p.ffn - h0); // hidden units of this chunk (even)
     let xb = p.x_off + row * p.x_stride;
-    let pbase = MAXROWS * CSTRIDE;
-    let gbase = pbase + MAXROWS * p.chunks * d;
 
     // fc2's words of this thread's first two output pairs depend on nothing: issued first.
     let v2a = fc2_words(h0, nh, min(lid, dw - 1u), dw);
@@ -326,51 +255,64 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 acc = fma(vec2<f32>(hs[c]), unpack2x16float(u[c]), acc);
             }
         }
-        let o = pbase + (row * p.chunks + j) * d + 2u * t;
-        atomicStore(&sc[o], bitcast<u32>(acc.x));
-        atomicStore(&sc[o + 1u], bitcast<u32>(acc.y));
+        let o = (row * p.chunks + j) * d + 2u * t;
+        part[o] = acc.x;
+        part[o + 1u] = acc.y;
     }
+}
 
-    // The last of the group's chunks to arrive sums the group's partials.
-    storageBarrier();
-    let g = j / GROUP;
-    let j0 = g * GROUP;
-    let in_group = min(GROUP, p.chunks - j0);
-    let counters = row * CSTRIDE;
-    if (lid == 0u) {
-        group_last = u32(atomicAdd(&sc[counters + g], 1u) + 1u == in_group);
-    }
-    if (workgroupUniformLoad(&group_last) == 0u) {
-        return;
-    }
-    storageBarrier();
-    let gsum = sum_outputs(pbase + (row * p.chunks + j0) * d, in_group, lid);
-    for (var i = 0u; i < 5u; i++) {
-        let n = lid + i * WG;
-        if (n < d) {
-            atomicStore(&sc[gbase + (row * p.groups + g) * d + n], bitcast<u32>(gsum[i]));
+// x[r][n] += sum over chunks of part[r][.][n] (in chunk order) + b2[n]. Workgroup (b, r)
+// takes outputs 16 b .. 16 b + 16 of row r: thread (o, sl) = (lid % 16, lid / 16) adds
+// chunks sl * per .. (sl + 1) * per, its loads issued sixteen at a time before any is added,
+// and a fixed tree joins the 16 slices.
+@compute @workgroup_size(WG)
+fn main_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wg.z;
+    let d = p.d;
+    let o = lid % 16u;
+    let sl = lid / 16u;
+    let n = min(wg.x * 16u + o, d - 1u);
+    let per = (p.chunks + SLICES - 1u) / SLICES;
+    let c0 = min(p.chunks, sl * per);
+    let c1 = min(p.chunks, c0 + per);
+    let at = row * p.chunks * d + n;
+    var v = 0.0;
+    for (var c = c0; c < c1; c += 16u) {
+        let last = c1 - 1u;
+        let u = array<f32, 16>(
+            part[at + min(c, last) * d],
+            part[at + min(c + 1u, last) * d],
+            part[at + min(c + 2u, last) * d],
+            part[at + min(c + 3u, last) * d],
+            part[at + min(c + 4u, last) * d],
+            part[at + min(c + 5u, last) * d],
+            part[at + min(c + 6u, last) * d],
+            part[at + min(c + 7u, last) * d],
+            part[at + min(c + 8u, last) * d],
+            part[at + min(c + 9u, last) * d],
+            part[at + min(c + 10u, last) * d],
+            part[at + min(c + 11u, last) * d],
+            part[at + min(c + 12u, last) * d],
+            part[at + min(c + 13u, last) * d],
+            part[at + min(c + 14u, last) * d],
+            part[at + min(c + 15u, last) * d],
+        );
+        for (var i = 0u; i < 16u; i++) {
+            if (c + i < c1) {
+                v += u[i];
+            }
         }
     }
-    if (lid == 0u) {
-        atomicStore(&sc[counters + g], 0u);
+    sums[lid] = v;
+    workgroupBarrier();
+    // 16 slices -> 4 -> 1, four at a time.
+    if (sl < 4u) {
+        sums[lid] = sums[lid] + sums[lid + 64u] + sums[lid + 128u] + sums[lid + 192u];
     }
-    // The last group to arrive finishes the row.
-    storageBarrier();
-    if (lid == 0u) {
-        row_last = u32(atomicAdd(&sc[counters + CSTRIDE - 1u], 1u) + 1u == p.groups);
-    }
-    if (workgroupUniformLoad(&row_last) == 0u) {
-        return;
-    }
-    storageBarrier();
-    let rsum = sum_outputs(gbase + row * p.groups * d, p.groups, lid);
-    for (var i = 0u; i < 5u; i++) {
-        let n = lid + i * WG;
-        if (n < d) {
-            x[xb + n] = xr[i] + (rsum[i] + b2[n]);
-        }
-    }
-    if (lid == 0u) {
-        atomicStore(&sc[counters + CSTRIDE - 1u], 0u);
+    workgroupBarrier();
+    if (sl == 0u && wg.x * 16u + o < d) {
+        let t = sums[lid] + sums[lid + 16u] + sums[lid + 32u] + sums[lid + 48u];
+        let xi = p.x_off + row * p.x_stride + n;
+        x[xi] = x[xi] + (t + b2[n]);
     }
 }

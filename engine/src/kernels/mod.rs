@@ -101,24 +101,19 @@ fn gemv_q_wide_source() -> Result<String> {
 pub const GEMV_MAX_ROWS: u32 = 8;
 
 /// ffn_decode.wgsl as compiled (GELU prepended): the decoder's feed-forward block for up to
-/// [`GEMV_MAX_ROWS`] rows in one dispatch.
+/// [`GEMV_MAX_ROWS`] rows in two dispatches.
 pub const FFN_DECODE_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("ffn_decode.wgsl"));
 /// Hidden units per ffn_decode workgroup (`CH` in ffn_decode.wgsl).
 const FFN_CHUNK: u32 = 16;
-/// Chunks one group sum covers (`GROUP`).
-const FFN_GROUP: u32 = 16;
-/// Counter words per row of the scratch (`CSTRIDE`): the groups' counters and the row's.
-const FFN_COUNTERS: u32 = 64;
+/// Outputs per workgroup of its sum (`main_sum`).
+const FFN_SUM_OUTPUTS: u32 = 16;
 /// Widest d_model it takes (`MAXD`: the normalised row lives in workgroup memory).
 const FFN_MAX_D: u32 = 1280;
 
-/// u32 words of ffn_decode's scratch for a model of `d` x `ffn`: the counters, every
-/// chunk's partial row and every group's sum, for [`GEMV_MAX_ROWS`] rows.
+/// f32 words of ffn_decode's partials for a model of `d` x `ffn`: every 16-unit chunk's
+/// partial row for [`GEMV_MAX_ROWS`] rows.
 pub fn ffn_scratch_words(d: u32, ffn: u32) -> u64 {
-    let chunks = ffn.div_ceil(FFN_CHUNK) as u64;
-    let groups = chunks.div_ceil(FFN_GROUP as u64);
-    let rows = GEMV_MAX_ROWS as u64;
-    rows * FFN_COUNTERS as u64 + rows * (chunks + groups) * d as u64
+    GEMV_MAX_ROWS as u64 * ffn.div_ceil(FFN_CHUNK) as u64 * d as u64
 }
 
 /// Above this many queries the tiled attention (a thread per query, keys staged per
@@ -508,11 +503,11 @@ struct FfnParams {
     d: u32,
     ffn: u32,
     chunks: u32,
-    groups: u32,
     x_off: u32,
     x_stride: u32,
     eps: f32,
-    _pad: u32,
+    _p0: u32,
+    _p1: u32,
 }
 
 #[repr(C)]
@@ -699,8 +694,9 @@ pub struct Kernels {
     /// Matrices of at least this many bytes take gemv_stream ([`GEMV_WIDE_MIN_BYTES`], or
     /// `VERBATIM_GEMV_WIDE_MIN_BYTES` to compare on a device).
     gemv_wide_min_bytes: u64,
-    /// The decoder's feed-forward block in one dispatch (ffn_decode.wgsl).
+    /// The decoder's feed-forward block (ffn_decode.wgsl): the chunks' partials, their sum.
     ffn_decode: Arc<Kernel>,
+    ffn_sum: Arc<Kernel>,
     /// Whether a decode step or verify pass over f16 weights takes it
     /// (`VERBATIM_FFN_FUSED=0`: fc1 and fc2 as two GEMVs, to compare on a device).
     pub ffn_fused: bool,
@@ -822,6 +818,7 @@ impl Kernels {
             },
             gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
             ffn_decode: gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W])?,
+            ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
             ffn_fused: std::env::var("VERBATIM_FFN_FUSED").map_or(true, |v| v != "0"),
             gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
@@ -993,10 +990,9 @@ impl Kernels {
     }
 
     /// The decoder's feed-forward block over `m` (1 to [`GEMV_MAX_ROWS`]) rows of the
-    /// residual `x`, in place: x[r] += GELU(LayerNorm(x[r]) · W1ᵀ + b1) · W2ᵀ + b2, in one
-    /// dispatch (ffn_decode.wgsl), each row bit-identical to the same row alone. `scratch`
-    /// holds [`ffn_scratch_words`] words, zeroed when created and left zeroed by each
-    /// dispatch (its counters); dispatches sharing it run one after another.
+    /// residual `x`, in place: x[r] += GELU(LayerNorm(x[r]) · W1ᵀ + b1) · W2ᵀ + b2, in two
+    /// dispatches (ffn_decode.wgsl), each row bit-identical to the same row alone. `scratch`
+    /// holds [`ffn_scratch_words`] floats (the partials).
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_decode(
         &self,
@@ -1012,11 +1008,10 @@ impl Kernels {
     ) -> Result<()> {
         let (d, ffn) = (w1.k, w1.n);
         let chunks = ffn.div_ceil(FFN_CHUNK);
-        let groups = chunks.div_ceil(FFN_GROUP);
         if m == 0 || m > GEMV_MAX_ROWS {
             return Err(Error::Invalid(format!("ffn_decode: {m} rows (1 to {GEMV_MAX_ROWS})")));
         }
-        if w2.k != ffn || w2.n != d || d % 2 != 0 || ffn % 2 != 0 || d > FFN_MAX_D || groups >= FFN_COUNTERS || x.stride < d {
+        if w2.k != ffn || w2.n != d || d % 2 != 0 || ffn % 2 != 0 || d > FFN_MAX_D || x.stride < d {
             return Err(Error::Invalid(format!(
                 "ffn_decode: W1 {d} x {ffn}, W2 {} x {}, rows of stride {} (d even and at most {FFN_MAX_D}, ffn even)",
                 w2.k, w2.n, x.stride
@@ -1026,21 +1021,15 @@ impl Kernels {
         if scratch.size() < words * 4 {
             return Err(Error::Invalid(format!("ffn_decode: scratch of {} bytes for {} words", scratch.size(), words)));
         }
-        let params = FfnParams { d, ffn, chunks, groups, x_off: x.off, x_stride: x.stride, eps: norm.eps, _pad: 0 };
+        let params = FfnParams { d, ffn, chunks, x_off: x.off, x_stride: x.stride, eps: norm.eps, _p0: 0, _p1: 0 };
         let (mu, du, fu) = (m as u64, d as u64, ffn as u64);
-        // Weights once (later rows from L2), the rows read and written, the partials written
-        // and read back, the group sums.
-        let cost = Cost {
-            bytes: w1.bytes() + w2.bytes() + mu * du * 12 + mu * (chunks as u64 + groups as u64) * du * 8,
-            flops: 4 * mu * du * fu,
-        };
-        rec.dispatch(
-            &self.ffn_decode,
-            bytemuck::bytes_of(&params),
-            &[x.buf, &w1.buf, b1, &w2.buf, b2, norm.gamma, norm.beta, scratch],
-            [chunks, 1, m],
-            cost,
-        )
+        let parts = mu * chunks as u64 * du * 4;
+        let bufs = [x.buf, &w1.buf, b1, &w2.buf, b2, norm.gamma, norm.beta, scratch];
+        // The weights once (later rows from L2), the rows, the partials written.
+        let cost = Cost { bytes: w1.bytes() + w2.bytes() + mu * du * 4 + parts, flops: 4 * mu * du * fu };
+        rec.dispatch(&self.ffn_decode, bytemuck::bytes_of(&params), &bufs, [chunks, 1, m], cost)?;
+        let cost = Cost { bytes: parts + mu * du * 8, flops: mu * du * chunks as u64 };
+        rec.dispatch(&self.ffn_sum, bytemuck::bytes_of(&params), &bufs, [d.div_ceil(FFN_SUM_OUTPUTS), 1, m], cost)
     }
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · Wᵀ + b) (`norm` Some) or act(x[r] · Wᵀ + b) for any

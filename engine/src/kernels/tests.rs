@@ -300,8 +300,8 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
 
 /// ffn_decode.wgsl against LayerNorm, fc1, GELU, fc2 and the residual on the CPU, for `m`
 /// rows at an offset and a stride wider than d (the words between the rows must stay as
-/// they were). Twice on fresh rows with the same scratch: its counters must be left at zero
-/// for the next dispatch. Then each row alone, which must give the same bits.
+/// they were). Twice on fresh rows with the same scratch (the first run's partials must
+/// not leak into the second). Then each row alone, which must give the same bits.
 fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();

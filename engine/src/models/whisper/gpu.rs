@@ -337,7 +337,7 @@ pub struct GpuWhisper {
     dec_q: Buffer,
     dec_attn: Buffer,
     dec_h: Buffer,
-    /// ffn_decode's partials and counters (one decoder feed-forward block at a time).
+    /// ffn_decode's partials (one decoder feed-forward block at a time).
     ffn_scratch: Buffer,
     tokens: Buffer,
     logits: Buffer,
@@ -1202,8 +1202,8 @@ impl GpuWhisper {
                 (Some(splits), WRef::F16(w)) => k.linear_merged(rec, m, heads, hd, splits, w, Some(l.cross_out.b), x, acc)?,
                 _ => lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?,
             }
-            // A decode step's row or a verify pass's rows over f16 weights: fc1 and fc2 in
-            // one dispatch (ffn_decode.wgsl; every row as it would be alone).
+            // A decode step's row or a verify pass's rows over f16 weights: fc1 and fc2 as
+            // ffn_decode.wgsl's chunks and their sum (every row as it would be alone).
             match (l.fc1.w, l.fc2.w) {
                 (WRef::F16(w1), WRef::F16(w2)) if k.ffn_fused && (m == 1 || per_row) => {
                     rec.part("ffn");
