@@ -53,10 +53,8 @@ fn merge_on() -> bool {
 
 // Flag 32: the attention output row `row` (K = heads x merge_hd values) from the partials
 // (m, l, sum of p v) at ((row heads + h) splits + s) (merge_hd + 2), into `xm`: the
-// splits' weights first (one thread per head), then the weighted sums. Loads are issued
-// eight splits at a time before any is used (a loop over the splits waited on each load in
-// turn: three passes of six round trips to L2 for one head's weights); the arithmetic and
-// its order are as before, so the bits are too.
+// splits' weights first (one thread per head), then the weighted sums, four splits' loads
+// issued together.
 fn merge_row(row: u32, lid: u32) {
     let ns = p.merge_splits;
     let hd = p.merge_hd;
@@ -65,34 +63,22 @@ fn merge_row(row: u32, lid: u32) {
     if (lid < heads) {
         let base = p.x_off + (row * heads + lid) * ns * ps;
         var mx = NEG;
-        for (var s0 = 0u; s0 < ns; s0 += 8u) {
-            let ml = split_stats(base, s0, ns);
-            for (var i = 0u; i < 8u; i++) {
-                if (s0 + i < ns) {
-                    mx = max(mx, ml[i].x);
-                }
-            }
+        for (var s = 0u; s < ns; s++) {
+            mx = max(mx, x[base + s * ps]);
         }
         var l = 0.0;
-        for (var s0 = 0u; s0 < ns; s0 += 8u) {
-            let ml = split_stats(base, s0, ns);
-            for (var i = 0u; i < 8u; i++) {
-                if (s0 + i < ns && ml[i].y > 0.0) {
-                    l += ml[i].y * exp(ml[i].x - mx);
-                }
+        for (var s = 0u; s < ns; s++) {
+            let ls = x[base + s * ps + 1u];
+            if (ls > 0.0) {
+                l += ls * exp(x[base + s * ps] - mx);
             }
         }
-        for (var s0 = 0u; s0 < ns; s0 += 8u) {
-            let ml = split_stats(base, s0, ns);
-            for (var i = 0u; i < 8u; i++) {
-                if (s0 + i < ns) {
-                    var wgt = 0.0;
-                    if (ml[i].y > 0.0) {
-                        wgt = exp(ml[i].x - mx) / l;
-                    }
-                    mw[lid * ns + s0 + i] = wgt;
-                }
+        for (var s = 0u; s < ns; s++) {
+            var wgt = 0.0;
+            if (x[base + s * ps + 1u] > 0.0) {
+                wgt = exp(x[base + s * ps] - mx) / l;
             }
+            mw[lid * ns + s] = wgt;
         }
     }
     workgroupBarrier();
@@ -101,40 +87,23 @@ fn merge_row(row: u32, lid: u32) {
         let b = p.x_off + (row * heads + h) * ns * ps + 2u + k % hd;
         let wb = h * ns;
         var v = 0.0;
-        for (var s0 = 0u; s0 < ns; s0 += 8u) {
-            let last = ns - 1u;
-            let a = array<f32, 8>(
-                x[b + min(s0, last) * ps],
-                x[b + min(s0 + 1u, last) * ps],
-                x[b + min(s0 + 2u, last) * ps],
-                x[b + min(s0 + 3u, last) * ps],
-                x[b + min(s0 + 4u, last) * ps],
-                x[b + min(s0 + 5u, last) * ps],
-                x[b + min(s0 + 6u, last) * ps],
-                x[b + min(s0 + 7u, last) * ps],
-            );
-            for (var i = 0u; i < 8u; i++) {
-                if (s0 + i < ns) {
-                    v = fma(mw[wb + s0 + i], a[i], v);
-                }
-            }
+        var s = 0u;
+        for (; s + 4u <= ns; s += 4u) {
+            let a0 = x[b + s * ps];
+            let a1 = x[b + (s + 1u) * ps];
+            let a2 = x[b + (s + 2u) * ps];
+            let a3 = x[b + (s + 3u) * ps];
+            v = fma(mw[wb + s], a0, v);
+            v = fma(mw[wb + s + 1u], a1, v);
+            v = fma(mw[wb + s + 2u], a2, v);
+            v = fma(mw[wb + s + 3u], a3, v);
+        }
+        for (; s < ns; s++) {
+            v = fma(mw[wb + s], x[b + s * ps], v);
         }
         xm[k] = v;
     }
     workgroupBarrier();
-}
-
-// Splits s0 .. s0 + 8 of one head's partials at `base`: (m, l) each, splits past ns read
-// the last one's.
-fn split_stats(base: u32, s0: u32, ns: u32) -> array<vec2<f32>, 8> {
-    let ps = p.merge_hd + 2u;
-    let last = ns - 1u;
-    var out: array<vec2<f32>, 8>;
-    for (var i = 0u; i < 8u; i++) {
-        let at = base + min(s0 + i, last) * ps;
-        out[i] = vec2<f32>(x[at], x[at + 1u]);
-    }
-    return out;
 }
 
 fn finish(v0: f32, n: u32, mi: u32) {
