@@ -1337,6 +1337,154 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
     }
 }
 
+/// Cross-attention computing its own query rows (`attention_with_query`: LayerNorm(x) ·
+/// Wqᵀ + bq inside the split attention), then `linear_merged` (or, keys in one split, the
+/// output written whole): against LayerNorm + linear + attention + linear on the CPU, the
+/// output poisoned first, each row bit-identical to the same row alone.
+fn run_attention_query(r: &mut StdRng, tq: usize, tk: usize, heads: usize, kdim: usize) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (hd, n) = (heads * 64, kdim);
+    let (off, stride) = (3, kdim + 5);
+    // Rows with an offset mean (a residual stream's) among random words.
+    let mut xbuf = rand_vec(r, off + tq * stride, 1.0);
+    let mut x = Vec::with_capacity(tq * kdim);
+    for i in 0..tq {
+        for c in 0..kdim {
+            xbuf[off + i * stride + c] += 1.5;
+            x.push(xbuf[off + i * stride + c]);
+        }
+    }
+    let gm: Vec<f32> = rand_vec(r, kdim, 0.5).iter().map(|v| v + 1.0).collect();
+    let bt = rand_vec(r, kdim, 0.5);
+    let wq = f16_round(&rand_vec(r, hd * kdim, 0.2));
+    let bq = rand_vec(r, hd, 0.5);
+    let k = rand_vec(r, tk * hd, 1.0);
+    let v = rand_vec(r, tk * hd, 1.0);
+    let mut kv = vec![0.0f32; tk * 2 * hd];
+    for j in 0..tk {
+        kv[j * 2 * hd..j * 2 * hd + hd].copy_from_slice(&k[j * hd..(j + 1) * hd]);
+        kv[j * 2 * hd + hd..(j + 1) * 2 * hd].copy_from_slice(&v[j * hd..(j + 1) * hd]);
+    }
+    let wo = f16_round(&rand_vec(r, n * hd, 0.5));
+    let bo = rand_vec(r, n, 0.5);
+    let xb = g.upload_f32("x", &xbuf).unwrap();
+    let kvb = g.upload_f32("kv", &kv).unwrap();
+    let (gb, bb, bqb, bob) = (
+        g.upload_f32("gamma", &gm).unwrap(),
+        g.upload_f32("beta", &bt).unwrap(),
+        g.upload_f32("bq", &bq).unwrap(),
+        g.upload_f32("bo", &bo).unwrap(),
+    );
+    let wqm = F16Matrix::from_bits(g, "wq", &f16_bits(&wq), hd, kdim).unwrap();
+    let wom = F16Matrix::from_bits(g, "wo", &f16_bits(&wo), n, hd).unwrap();
+    let what = format!("tq={tq} tk={tk} heads={heads} K={kdim}");
+    // The attention rows (one split: written whole) or the projection of the merged rows.
+    let run = |rows: std::ops::Range<usize>| -> (Vec<f32>, Vec<f32>) {
+        let m = rows.len();
+        let att = poisoned(m * hd);
+        let yb = poisoned(m * n);
+        let mut rec = g.recorder();
+        let args = AttentionArgs {
+            q: Rows::at(&xb, off + rows.start * stride, stride),
+            k: Rows::at(&kvb, 0, 2 * hd),
+            v: Rows::at(&kvb, hd, 2 * hd),
+            out: Rows::new(&att, hd),
+            tq: m as u32,
+            tk: tk as u32,
+            heads: heads as u32,
+            head_dim: 64,
+            causal: None,
+        };
+        assert!(kern.attention_query_fits(&args, &wqm), "{what}");
+        let norm = NormArgs { gamma: &gb, beta: &bb, eps: 1e-5 };
+        let merged = kern.attention_with_query(&mut rec, &args, norm, &wqm, &bqb).unwrap();
+        assert_eq!(merged.is_some(), tk > ATTENTION_SPLIT_KEYS as usize, "{what}: split or whole");
+        if let Some(splits) = merged {
+            kern.linear_merged(&mut rec, m as u32, heads as u32, 64, splits, &wom, Some(&bob), Rows::new(&yb, n), Epilogue::default())
+                .unwrap();
+        }
+        rec.submit(None).unwrap();
+        (g.read_f32(&att, 0, m * hd).unwrap(), g.read_f32(&yb, 0, m * n).unwrap())
+    };
+    let (att, y) = run(0..tq);
+    let xn = ops::layer_norm(&x, tq, kdim, &gm, &bt, 1e-5);
+    let q = ops::linear(&xn, tq, kdim, &wq, hd, Some(&bq[..]));
+    let want_att = ops::attention(&q, &k, &v, tq, tk, heads, 64, None);
+    let (got, want) = if tk > ATTENTION_SPLIT_KEYS as usize {
+        assert!(att.iter().all(|a| a.to_bits() == NAN_BITS), "{what}: the attention rows were written");
+        (y, ops::linear(&want_att, tq, hd, &wo, n, Some(&bo[..])))
+    } else {
+        assert!(y.iter().all(|a| a.to_bits() == NAN_BITS), "{what}: the projection ran");
+        (att, want_att)
+    };
+    let e = rel_err(&got, &want);
+    assert!(e < 2e-5, "{what}: rel err {e}");
+    let w = got.len() / tq;
+    for i in 0..tq {
+        let (a, b) = run(i..i + 1);
+        let lone = if tk > ATTENTION_SPLIT_KEYS as usize { b } else { a };
+        let same = lone.iter().zip(&got[i * w..(i + 1) * w]).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}: row {i} differs from the row alone");
+    }
+}
+
+#[test]
+fn attention_with_query_matches_reference_and_lone_rows() {
+    let mut r = rng("attention_query");
+    // tiny.en's cross-attention for a decode step.
+    run_attention_query(&mut r, 1, 1500, 6, 384);
+    // A verify pass's 8 rows; slices of 7 rows (a block of 12 mostly zero words), a ragged
+    // last split.
+    run_attention_query(&mut r, 8, 300, 2, 200);
+    // Slices of 25 rows (three blocks: 12, 12, 1), three heads.
+    run_attention_query(&mut r, 2, 700, 3, 770);
+    // large-v3's width, more elements than threads five times over.
+    run_attention_query(&mut r, 3, 513, 2, 1280);
+    // Keys in one split: the output written whole; slices of 3 rows.
+    run_attention_query(&mut r, 2, 100, 3, 96);
+}
+
+#[test]
+fn attention_with_query_refuses_what_it_cannot_do() {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let buf = poisoned(4096);
+    let one = g.upload_f32("one", &[1.0; 1400]).unwrap();
+    let wq = F16Matrix::from_bits(g, "wq", &vec![0x3c00u16; 128 * 96], 128, 96).unwrap();
+    let wide = F16Matrix::from_bits(g, "wide", &vec![0x3c00u16; 128 * 1282], 128, 1282).unwrap();
+    let args = AttentionArgs {
+        q: Rows::new(&buf, 96),
+        k: Rows::new(&buf, 256),
+        v: Rows::at(&buf, 128, 256),
+        out: Rows::new(&buf, 128),
+        tq: 1,
+        tk: 10,
+        heads: 2,
+        head_dim: 64,
+        causal: None,
+    };
+    let norm = || NormArgs { gamma: &one, beta: &one, eps: 1e-5 };
+    let mut rec = g.recorder();
+    assert!(kern.attention_query_fits(&args, &wq));
+    let bad = [
+        AttentionArgs { tq: 0, ..args },
+        AttentionArgs { tq: 9, ..args },
+        AttentionArgs { tk: 0, ..args },
+        AttentionArgs { heads: 1, ..args },
+        AttentionArgs { head_dim: 32, heads: 4, ..args },
+        AttentionArgs { causal: Some(0), ..args },
+        AttentionArgs { q: Rows::new(&buf, 95), ..args },
+    ];
+    for (i, a) in bad.iter().enumerate() {
+        assert!(!kern.attention_query_fits(a, &wq), "case {i}");
+        assert!(kern.attention_with_query(&mut rec, a, norm(), &wq, &one).is_err(), "case {i}");
+    }
+    let a = AttentionArgs { q: Rows::new(&buf, 1282), ..args };
+    assert!(kern.attention_with_query(&mut rec, &a, norm(), &wide, &one).is_err(), "rows wider than 1280");
+    assert!(kern.attention_with_query(&mut rec, &args, norm(), &wq, &one).is_ok());
+}
+
 #[test]
 fn attention_merged_into_the_projection_matches_reference() {
     let mut r = rng("attention_merged");
