@@ -1115,9 +1115,8 @@ fn a_part_left_out_drops_its_dispatches_and_the_parts_make_the_step() {
     let mut dropped = 0;
     for part in engine::models::whisper::gpu::DECODE_PARTS {
         let (n, sc) = step(Some(part));
-        // fc1 + fc2 and ffn (ffn_decode) are alternatives: one side records nothing; so is
-        // cross_q where the cross-attention computes its own queries.
-        if n == all && matches!(part, "fc1" | "fc2" | "cross_q") {
+        // fc1 + fc2 and ffn (ffn_decode) are alternatives: one side records nothing.
+        if n == all && matches!(part, "fc1" | "fc2") {
             continue;
         }
         assert!(n < all, "{part}: {n} of {all} dispatches left");

@@ -12,10 +12,7 @@ struct Params {
     // main_split only: 1 = a single split, write the normalised output to `o` (no merge).
     direct: u32,
     // main_merge_planes only: rows of its planes output (tq padded to the GEMM's tile).
-    rows_pad: u32,
-    // main_split_q only (attention_query.wgsl): the width of the rows of x and the
-    // LayerNorm's epsilon.
-    q_k: u32, eps: f32,
+    rows_pad: u32, _p1: u32, _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -134,16 +134,6 @@ pub const GEMV_ROWS_SOURCE: &str =
 const GEMV_ROWS_OUTPUTS: u32 = 32;
 /// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
 pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention_io.wgsl"), include_str!("attention.wgsl"), include_str!("f16_split.wgsl"));
-/// The split attention with the query projection folded in (cross-attention of decode
-/// steps and verify passes): attention.wgsl's helpers plus attention_query.wgsl.
-pub const ATTENTION_QUERY_SOURCE: &str = concat!(
-    include_str!("attention_io.wgsl"),
-    include_str!("attention.wgsl"),
-    include_str!("f16_split.wgsl"),
-    include_str!("attention_query.wgsl")
-);
-/// The widest rows attention_query.wgsl normalises (its QMAXK: large-v3's d_model).
-pub const ATTENTION_QUERY_MAX_K: u32 = 1280;
 /// attention_blocked.wgsl: the register-blocked attention for many queries of head_dim 64.
 pub const ATTENTION_BLOCKED_SOURCE: &str =
     concat!(include_str!("attention_io.wgsl"), include_str!("attention_blocked.wgsl"));
@@ -554,9 +544,7 @@ struct AttentionParams {
     direct: u32,
     /// main_merge_planes: rows of its planes output.
     rows_pad: u32,
-    /// main_split_q: the width of the rows of x and the LayerNorm's epsilon.
-    q_k: u32,
-    eps: f32,
+    _pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -730,12 +718,6 @@ pub struct Kernels {
     /// [`Kernels::reserve_blocked_attention`] (None: one split).
     blocked_partials: Option<Buffer>,
     attention_split: Arc<Kernel>,
-    /// The split attention computing its query rows itself (attention_query.wgsl).
-    attention_split_q: Arc<Kernel>,
-    /// Whether a decode step or verify pass over f16 weights folds the cross-attention's
-    /// query projection into the attention (`VERBATIM_CROSS_Q_FUSED=0`: a GEMV of its
-    /// own, to compare on a device).
-    pub cross_q_fused: bool,
     attention_merge: Arc<Kernel>,
     /// main_merge writing the next GEMM's planes (attention.wgsl main_merge_planes).
     attention_merge_planes: Arc<Kernel>,
@@ -849,8 +831,6 @@ impl Kernels {
             force_tiled_attention: std::env::var("VERBATIM_ATTENTION_TILED").is_ok_and(|v| !v.is_empty() && v != "0"),
             blocked_partials: None,
             attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
-            attention_split_q: gpu.kernel_entry("attention_split_q", ATTENTION_QUERY_SOURCE, "main_split_q", &[R, R, R, W, R, R, R, R])?,
-            cross_q_fused: std::env::var("VERBATIM_CROSS_Q_FUSED").map_or(true, |v| v != "0"),
             attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
             attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
@@ -1629,55 +1609,6 @@ impl Kernels {
         Ok(Some(n_splits))
     }
 
-    /// Whether [`Kernels::attention_with_query`] takes these arguments (`a.q` the rows of
-    /// x, `wq` the query projection).
-    pub fn attention_query_fits(&self, a: &AttentionArgs, wq: &F16Matrix) -> bool {
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        a.head_dim == 64
-            && a.causal.is_none()
-            && (1..=GEMV_MAX_ROWS).contains(&a.tq)
-            && a.tk > 0
-            && wq.n == a.heads * 64
-            && (1..=ATTENTION_QUERY_MAX_K).contains(&wq.k)
-            && a.q.stride >= wq.k
-            && partials <= ATTENTION_PARTIALS_FLOATS
-            && (n_splits == 1 || (a.heads * n_splits <= GEMV_MERGE_MAX_PARTS && a.heads * a.head_dim <= GEMV_MERGE_MAX_K))
-    }
-
-    /// [`Kernels::attention_unmerged`] for `a.tq` rows of x (bound as `a.q`) whose query
-    /// rows are LayerNorm(x) · Wqᵀ + bq: one dispatch (attention_query.wgsl), each row
-    /// bit-identical to the same row alone. Some(splits): the partials await
-    /// [`Kernels::linear_merged`]; None (keys fit one split): the output is in `a.out`.
-    pub fn attention_with_query(&self, rec: &mut Recorder, a: &AttentionArgs, norm: NormArgs, wq: &F16Matrix, bq: &Buffer) -> Result<Option<u32>> {
-        if !self.attention_query_fits(a, wq) {
-            return Err(Error::Invalid(format!(
-                "attention_with_query: {} rows of {} x {} (head size {}, causal {}) over {} keys, Wq {} x {}",
-                a.tq,
-                a.heads,
-                a.head_dim,
-                a.head_dim,
-                a.causal.is_some(),
-                a.tk,
-                wq.k,
-                wq.n
-            )));
-        }
-        let (mut params, mut cost) = attention_params(a)?;
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        params.q_k = wq.k;
-        params.eps = norm.eps;
-        params.direct = (n_splits == 1) as u32;
-        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        // Each split reads its head's slice of Wq (once from memory, then from L2).
-        cost.bytes += wq.bytes() + if n_splits > 1 { partials * 4 } else { 0 };
-        cost.flops += 2 * a.tq as u64 * n_splits as u64 * wq.n as u64 * wq.k as u64;
-        let out = if n_splits > 1 { &self.attention_partials } else { a.out.buf };
-        let bufs = [a.q.buf, a.k.buf, a.v.buf, out, &wq.buf, bq, norm.gamma, norm.beta];
-        rec.dispatch(&self.attention_split_q, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, n_splits], cost)?;
-        Ok((n_splits > 1).then_some(n_splits))
-    }
-
     /// y[r] (=|+=) act(attn[r] · Wᵀ + b) for the `m` query rows whose attention
     /// [`Kernels::attention_unmerged`] left as `n_splits` partials of `heads` heads of
     /// `head_dim`: the M = 1 GEMV per row (bit-identical to a lone row), merging each row
@@ -2056,8 +1987,7 @@ fn attention_params(a: &AttentionArgs) -> Result<(AttentionParams, Cost)> {
         split_keys: ATTENTION_SPLIT_KEYS,
         direct: 0,
         rows_pad: 0,
-        q_k: 0,
-        eps: 0.0,
+        _pad: [0; 2],
     };
     let hd = a.heads as u64 * a.head_dim as u64;
     let cost = Cost {

@@ -1173,8 +1173,11 @@ impl GpuWhisper {
             )?;
             rec.part("self_out");
             lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
-            let mut cross = AttentionArgs {
-                q: x,
+            let q = Rows::new(b.dec_q, d);
+            rec.part("cross_q");
+            lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
+            let cross = AttentionArgs {
+                q,
                 k: Rows::at(l.enc_kv, l.kv_off, l.kv_stride),
                 v: Rows::at(l.enc_kv, l.kv_off + d, l.kv_stride),
                 out: Rows::new(b.dec_attn, d),
@@ -1184,29 +1187,14 @@ impl GpuWhisper {
                 head_dim: hd,
                 causal: None,
             };
-            // A decode step's row or a verify pass's rows over f16 weights: the attention
-            // computes its query rows itself from x (attention_query.wgsl, one dispatch less),
-            // else the query projection is a GEMV into `dec_q`. f16 weights: the output
-            // projection merges the attention's key splits itself (one dispatch less);
-            // quantized ones take the merged output.
-            let fused_q = match (l.cross_q.w, l.cross_out.w) {
-                (WRef::F16(wq), WRef::F16(_)) if k.cross_q_fused && (m == 1 || per_row) && k.attention_query_fits(&cross, wq) => Some(wq),
-                _ => None,
-            };
-            let merged = if let Some(wq) = fused_q {
-                rec.part("cross_attention");
-                k.attention_with_query(rec, &cross, ln(l.cross_norm), wq, l.cross_q.b)?
-            } else {
-                cross.q = Rows::new(b.dec_q, d);
-                rec.part("cross_q");
-                lin(rec, x, Some(l.cross_norm), l.cross_q, cross.q, plain)?;
-                rec.part("cross_attention");
-                match l.cross_out.w {
-                    WRef::F16(_) => k.attention_unmerged(rec, &cross)?,
-                    _ => {
-                        k.attention(rec, &cross)?;
-                        None
-                    }
+            // f16 weights: the output projection merges the attention's key splits itself
+            // (one dispatch less); quantized ones take the merged output.
+            rec.part("cross_attention");
+            let merged = match l.cross_out.w {
+                WRef::F16(_) => k.attention_unmerged(rec, &cross)?,
+                _ => {
+                    k.attention(rec, &cross)?;
+                    None
                 }
             };
             rec.part("cross_out");
