@@ -162,16 +162,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         beta[min(lid + 3u * WG, lastc)],
         beta[min(lid + 4u * WG, lastc)],
     );
-    var mean = 0.0;
-    var inv = 1.0;
-    if (p._p0 == 0u) {
     var s = 0.0;
     for (var i = 0u; i < 5u; i++) {
         if (lid + i * WG < d) {
             s += xr[i];
         }
     }
-    mean = wg_total(s, lid) / f32(d);
+    let mean = wg_total(s, lid) / f32(d);
     var q = 0.0;
     for (var i = 0u; i < 5u; i++) {
         if (lid + i * WG < d) {
@@ -179,8 +176,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             q += e * e;
         }
     }
-    inv = inverseSqrt(wg_total(q, lid) / f32(d) + p.eps);
-    }
+    let inv = inverseSqrt(wg_total(q, lid) / f32(d) + p.eps);
     for (var i = 0u; i < 5u; i++) {
         if (lid + i * WG < d) {
             xn[lid + i * WG] = (xr[i] - mean) * inv * gr[i] + br[i];

@@ -293,15 +293,7 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         }
     }
     if (ln_on()) {
-        if ((p.flags & 128u) != 0u) {
-            if (kg == 0u && li.x == 0u) {
-                stat[row] = 0.0;
-                stat[MAXM + row] = 1.0;
-            }
-            workgroupBarrier();
-        } else {
-            row_stats(row, row + 1u, kg * CP + li.x);
-        }
+        row_stats(row, row + 1u, kg * CP + li.x);
     }
     if (merge_on()) {
         merge_row(row, kg * CP + li.x);
@@ -406,9 +398,6 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     // The K slices' tree, two levels per barrier (the same sums as level by level; see
     // wg_sum in gemv_common.wgsl).
     var st = KG / 2u;
-    if ((p.flags & 256u) != 0u) {
-        st = 0u;
-    }
     for (; st >= 2u; st = st / 4u) {
         let q = st / 2u;
         if (kg < q) {

@@ -470,9 +470,7 @@ impl GemvParams {
         let flags = if bias { GEMM_FLAG_BIAS } else { 0 }
             | if ep.gelu { GEMM_FLAG_GELU } else { 0 }
             | if ep.accumulate { GEMM_FLAG_ACCUMULATE } else { 0 }
-            | if norm.is_some() { GEMV_FLAG_LAYERNORM } else { 0 }
-            | if norm.is_some() && probe_no_ln_stats() { 128 } else { 0 }
-            | if probe_no_slice_tree() { 256 } else { 0 };
+            | if norm.is_some() { GEMV_FLAG_LAYERNORM } else { 0 };
         GemvParams {
             m,
             n,
@@ -488,20 +486,6 @@ impl GemvParams {
             _pad: 0,
         }
     }
-}
-
-/// PROBE (timing only, wrong results): `VERBATIM_PROBE_NO_LN_STATS=1` makes main_m1 and
-/// ffn_decode skip the LayerNorm statistics (mean 0, 1 / sigma 1).
-fn probe_no_ln_stats() -> bool {
-    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| std::env::var("VERBATIM_PROBE_NO_LN_STATS").is_ok_and(|v| v == "1"))
-}
-
-/// PROBE (timing only, wrong results): `VERBATIM_PROBE_NO_SLICE_TREE=1` makes main_m1
-/// skip the tree over its K slices (slice 0's part is stored).
-fn probe_no_slice_tree() -> bool {
-    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| std::env::var("VERBATIM_PROBE_NO_SLICE_TREE").is_ok_and(|v| v == "1"))
 }
 
 /// A LayerNorm to apply to a linear layer's input rows first (gamma, beta, eps).
@@ -1037,7 +1021,7 @@ impl Kernels {
         if scratch.size() < words * 4 {
             return Err(Error::Invalid(format!("ffn_decode: scratch of {} bytes for {} words", scratch.size(), words)));
         }
-        let params = FfnParams { d, ffn, chunks, x_off: x.off, x_stride: x.stride, eps: norm.eps, _p0: probe_no_ln_stats() as u32, _p1: 0 };
+        let params = FfnParams { d, ffn, chunks, x_off: x.off, x_stride: x.stride, eps: norm.eps, _p0: 0, _p1: 0 };
         let (mu, du, fu) = (m as u64, d as u64, ffn as u64);
         let parts = mu * chunks as u64 * du * 4;
         let bufs = [x.buf, &w1.buf, b1, &w2.buf, b2, norm.gamma, norm.beta, scratch];
