@@ -167,9 +167,8 @@ fn warm_up(f: impl FnMut() -> Result<(), String>) -> Result<WarmUp, String> {
 
 fn warm_up_with(mut f: impl FnMut() -> Result<(), String>, min_ms: f64, max_ms: f64, agree: f64) -> Result<WarmUp, String> {
     let start = Instant::now();
-    let t = Instant::now();
     f()?;
-    let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    let first_ms = start.elapsed().as_secs_f64() * 1e3;
     let (mut prev, mut groups) = (f64::NAN, 0);
     loop {
         let t = Instant::now();
