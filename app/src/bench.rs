@@ -43,6 +43,7 @@ use std::time::Instant;
 
 use clap::ValueEnum;
 use engine::decode::{LogitSource, StepRules};
+use engine::gpu::warm_up::warm_up;
 use engine::gpu::{Access, Cost, Gpu, GpuOptions, Profile};
 use engine::models::whisper::checkpoint::{write_synthetic, Checkpoint};
 use engine::models::whisper::ct2::DType;
@@ -134,56 +135,6 @@ impl Geometry {
 struct Stat {
     min: f64,
     spread: f64,
-}
-
-/// Calls a group of warm-up windows holds.
-const WARM_GROUP: usize = 3;
-/// Two groups in a row within this fraction of each other: the clock has settled.
-const WARM_AGREE: f64 = 0.03;
-/// At least this long busy before the clock counts as settled.
-const WARM_MIN_MS: f64 = 300.0;
-/// Give up settling after this long (the timings still run, and say so).
-const WARM_MAX_MS: f64 = 5000.0;
-
-/// What `warm_up` saw: the first call's time, the last group's time per call, how long it
-/// ran, how many groups, whether two groups in a row agreed.
-struct WarmUp {
-    first_ms: f64,
-    last_ms: f64,
-    elapsed_ms: f64,
-    groups: usize,
-    settled: bool,
-}
-
-/// Runs `f` in groups of [`WARM_GROUP`] until at least [`WARM_MIN_MS`] have passed and two
-/// groups in a row agree within [`WARM_AGREE`] (at most [`WARM_MAX_MS`]). An idle GPU runs
-/// at a low clock and climbs only under sustained work: the H200 sat at 345 MHz before a
-/// run, and a fresh process's encoder windows read 6.4 ms (tiny) and 29.7 ms (small) against
-/// 1.73 and ~10 once warm (bench/RESULTS.md, 2026-12-03, sixth session); one warm-up window
-/// and three batches of three did not cover the climb.
-fn warm_up(f: impl FnMut() -> Result<(), String>) -> Result<WarmUp, String> {
-    warm_up_with(f, WARM_MIN_MS, WARM_MAX_MS, WARM_AGREE)
-}
-
-fn warm_up_with(mut f: impl FnMut() -> Result<(), String>, min_ms: f64, max_ms: f64, agree: f64) -> Result<WarmUp, String> {
-    let start = Instant::now();
-    f()?;
-    let first_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (mut prev, mut groups) = (f64::NAN, 0);
-    loop {
-        let t = Instant::now();
-        for _ in 0..WARM_GROUP {
-            f()?;
-        }
-        let last_ms = t.elapsed().as_secs_f64() * 1e3 / WARM_GROUP as f64;
-        groups += 1;
-        let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
-        let settled = (last_ms - prev).abs() <= agree * prev;
-        if (settled && elapsed_ms >= min_ms) || elapsed_ms >= max_ms {
-            return Ok(WarmUp { first_ms, last_ms, elapsed_ms, groups, settled });
-        }
-        prev = last_ms;
-    }
 }
 
 fn stat(v: &[f64]) -> Stat {
@@ -549,15 +500,7 @@ fn bench(args: &Args) -> Result<(), String> {
     println!();
     println!("| measure | min | spread | note |");
     println!("|---|---:|---:|---|");
-    println!(
-        "| GPU warm-up before timing, ms | {:.0} | | windows until two groups of {WARM_GROUP} agree within {:.0} %: the first {:.3} ms, the last group {:.3} ms a window ({} groups{}) |",
-        warm.elapsed_ms,
-        WARM_AGREE * 100.0,
-        warm.first_ms,
-        warm.last_ms,
-        warm.groups,
-        if warm.settled { "" } else { "; not settled within the limit" }
-    );
+    println!("| GPU warm-up before timing, ms | {:.0} | | {} |", warm.elapsed_ms, warm.describe("window"));
     let e = stat(&enc);
     println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, one submit + wait |", e.min, e.spread);
     let p4 = stat(&pre4);
@@ -841,66 +784,4 @@ fn copy_ceiling(gpu: &Gpu, mib: u64, batches: usize) -> Result<f64, String> {
         best = t.elapsed().as_secs_f64() * 1e9 / 4.0;
     }
     Ok(2.0 * bytes as f64 / best)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    /// Slow calls first (a GPU climbing from its idle clock), then fast ones: the warm-up
-    /// runs past the slow ones and stops once two groups agree.
-    #[test]
-    fn warm_up_waits_for_the_times_to_settle() {
-        let mut calls = 0usize;
-        let w = warm_up_with(
-            || {
-                calls += 1;
-                std::thread::sleep(Duration::from_millis(if calls <= 7 { 12 } else { 3 }));
-                Ok(())
-            },
-            100.0,
-            5000.0,
-            0.5,
-        )
-        .unwrap();
-        assert!(w.settled, "settled");
-        assert!(w.first_ms >= 12.0, "first call {} ms", w.first_ms);
-        assert!(w.last_ms < 6.0, "timed past the slow calls: last group {} ms a call", w.last_ms);
-        assert!(calls >= 13 && w.groups >= 4, "{calls} calls, {} groups", w.groups);
-        assert!(w.elapsed_ms >= 100.0);
-    }
-
-    /// Times that never agree: the warm-up gives up at its limit and says so; an error from
-    /// a call ends it with that error.
-    #[test]
-    fn warm_up_gives_up_at_its_limit_and_passes_errors_on() {
-        let mut calls = 0usize;
-        let w = warm_up_with(
-            || {
-                calls += 1;
-                // Groups of 3 calls alternate between 3 ms and 15 ms a call.
-                std::thread::sleep(Duration::from_millis(if (calls.saturating_sub(2) / WARM_GROUP) % 2 == 0 { 3 } else { 15 }));
-                Ok(())
-            },
-            0.0,
-            150.0,
-            0.2,
-        )
-        .unwrap();
-        assert!(!w.settled, "never settled: {} groups, last {} ms", w.groups, w.last_ms);
-        assert!(w.elapsed_ms >= 150.0);
-        let mut n = 0;
-        let e = warm_up_with(
-            || {
-                n += 1;
-                if n == 5 { Err("device lost".into()) } else { Ok(()) }
-            },
-            1e9,
-            1e9,
-            0.0,
-        );
-        assert_eq!(e.err().as_deref(), Some("device lost"));
-        assert_eq!(n, 5);
-    }
 }

@@ -59,6 +59,7 @@ const GEMV_PROD: &str = engine::kernels::GEMV_SOURCE;
 const GEMV_TEMPLATE: &str = include_str!("kernel_lab/gemv_m1.wgsl");
 const COPY: &str = include_str!("kernel_lab/copy.wgsl");
 const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
+const WARM: &str = include_str!("kernel_lab/warm.wgsl");
 const CHAIN_VARIANTS: &str = include_str!("kernel_lab/chain_variants.wgsl");
 const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
 const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/coop.wgsl"));
@@ -238,6 +239,26 @@ impl Lab<'_> {
             layout: &k.layout,
             entries: &entries,
         })
+    }
+
+    /// Keeps the GPU busy with warm.wgsl until its clock has settled (engine::gpu::warm_up)
+    /// and prints what that took: without it the first sections time a GPU still climbing
+    /// from its idle clock (an H200's dependent-dispatch chain read 1.6 us in some runs and
+    /// 4.4 in others, never after a warm-up). Called before each timed section, since the
+    /// host work between sections (references, pipelines) lets the clock fall again. A CPU
+    /// adapter has no clock to warm (and the kernel would take seconds there).
+    fn warm(&self, before: &str) -> LabResult<()> {
+        if self.gpu.info.is_cpu() {
+            return Ok(());
+        }
+        const WORKGROUPS: u32 = 1056; // 132 SMs x 8 workgroups of 256
+        let k = self.gpu.kernel("lab.warm", WARM, &[Access::ReadWrite])?;
+        let y = self.gpu.buffer("lab warm", WORKGROUPS as u64 * 256 * 4)?;
+        let bind = self.bind(&k, &self.uniform(&[65536, 0, 0, 0]), &[&y]);
+        let w = engine::gpu::warm_up::warm_up(|| self.run_once(&k, &bind, [WORKGROUPS, 1]))?;
+        eprintln!("  warm-up before {before}: {}", w.describe("dispatch"));
+        println!("warm-up before {before}: {}", w.describe("dispatch"));
+        Ok(())
     }
 
     /// One dispatch, waited for (correctness checks, fills).
@@ -2066,15 +2087,18 @@ fn run(args: &Args) -> LabResult<()> {
     println!("gemv: N {} x K {} f16 = {} MiB of weights, M = 1", args.n, args.k, mib(wbytes));
 
     let mut rows = Vec::new();
+    lab.warm("the copy ceiling")?;
     eprintln!("copy ceiling ({} MiB)", mib(copy_bytes));
     rows.extend(copy_rows(&lab, copy_bytes, args.reps)?);
     if args.rows_only {
+        lab.warm("the decode GEMVs")?;
         rows.extend(decode_gemv_rows(&lab, args.n, args.k, args.reps)?);
         gpu.check()?;
         print_table(&rows, &clock_note);
         return Ok(());
     }
     if args.direct_only {
+        lab.warm("the cooperative-matrix kernels")?;
         if gpu.info.coop_matrix {
             eprintln!("cooperative matrices fed from memory");
             rows.extend(coop_direct_rows(&lab, args.attention_only, args.gemm_only)?);
@@ -2088,6 +2112,7 @@ fn run(args: &Args) -> LabResult<()> {
     if args.gemv_only {
         println!("coop: skipped (--gemv-only)");
     } else if gpu.info.coop_matrix {
+        lab.warm("the cooperative-matrix kernels")?;
         eprintln!("cooperative matrices");
         rows.extend(coop_rows(&lab)?);
         rows.extend(coop_direct_rows(&lab, args.attention_only, args.gemm_only)?);
@@ -2119,6 +2144,7 @@ fn run(args: &Args) -> LabResult<()> {
     let out_words = twins.iter().map(|t| t.shape.kg as u64 * (args.n / (2 * t.shape.wpt)) as u64).max();
     let data = gemv_data(&lab, args.n, args.k, args.reps, out_words.unwrap_or(0).max(args.n as u64))?;
     let sg_min = subgroup.map(|s| s.0);
+    lab.warm("the GEMV variants")?;
     for v in &twins {
         rows.push(gemv_row(&lab, &data, v, args.reps, sg_min)?);
     }
@@ -2126,11 +2152,13 @@ fn run(args: &Args) -> LabResult<()> {
         rows.push(gemv_row(&lab, &data, v, args.reps, sg_min)?);
     }
     drop(data);
+    lab.warm("the decode GEMVs")?;
     eprintln!("decode gemvs (k-major m1, row-major logits), with and without the LayerNorm");
     rows.extend(decode_gemv_rows(&lab, args.n, args.k, args.reps)?);
     eprintln!("quantized gemv");
     rows.extend(gemv_q_rows(&lab, args.n, args.k, args.reps)?);
 
+    lab.warm("the dispatch and submit costs")?;
     eprintln!("dispatch and submit costs");
     rows.extend(chain_rows(&lab, args.chain)?);
     rows.extend(submit_rows(&lab, args.reps)?);

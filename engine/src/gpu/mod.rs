@@ -7,6 +7,7 @@
 //! call instead of a panic in a callback.
 
 mod recorder;
+pub mod warm_up;
 
 pub use recorder::{Cost, DispatchCache, Encoded, KernelStat, Profile, Recorder};
 
