@@ -680,12 +680,6 @@ pub struct Kernels {
     /// Its keys per split: [`ATTENTION_COOP_SPLIT_KEYS`], or
     /// `VERBATIM_ATTENTION_COOP_SPLIT_KEYS` (a multiple of 32, to compare on a device).
     attention_coop_split_keys: u32,
-    /// Keys per workgroup of the split (flash-decoding) attention: [`ATTENTION_SPLIT_KEYS`],
-    /// or `VERBATIM_ATTENTION_SPLIT_KEYS` (1..=256, to compare on a device).
-    attention_split_keys: u32,
-    /// Probe (timing only, wrong logits): `VERBATIM_PROBE_LOGITS_ROWS=N` makes gemv_rows
-    /// compute only the first N rows of its table (what the logits' 40 MB cost the step).
-    probe_logits_rows: Option<u32>,
     /// A fused Q|K|V into f16 hi/lo head planes (split_f16.wgsl main_heads).
     split_heads: Arc<Kernel>,
     /// Those planes, [6][heads][t_pad][64] f16, sized by
@@ -809,14 +803,6 @@ impl Kernels {
                 },
                 _ => ATTENTION_COOP_SPLIT_KEYS,
             },
-            attention_split_keys: match std::env::var("VERBATIM_ATTENTION_SPLIT_KEYS") {
-                Ok(v) if !v.is_empty() => match v.parse::<u32>() {
-                    Ok(k) if (1..=256).contains(&k) => k,
-                    _ => return Err(Error::Invalid(format!("VERBATIM_ATTENTION_SPLIT_KEYS={v}: 1 to 256"))),
-                },
-                _ => ATTENTION_SPLIT_KEYS,
-            },
-            probe_logits_rows: std::env::var("VERBATIM_PROBE_LOGITS_ROWS").ok().and_then(|v| v.parse().ok()),
             split_heads: gpu.kernel_entry("split_f16_heads", SPLIT_F16_SOURCE, "main_heads", &[R, W])?,
             head_planes: None,
             gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
@@ -1065,14 +1051,13 @@ impl Kernels {
         if m == 0 || m > 65535 {
             return Err(Error::Invalid(format!("linear_rows: {m} rows")));
         }
-        let n = self.probe_logits_rows.map_or(w.n, |r| r.clamp(1, w.n));
-        let params = GemvParams::new(x, m, n, w.k, norm, bias.is_some(), y, ep);
+        let params = GemvParams::new(x, m, w.n, w.k, norm, bias.is_some(), y, ep);
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };
         let b = bias.unwrap_or(&self.zero);
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
         // Row fastest in the grid: a block's rows run side by side (gemv_rows.wgsl).
-        let g = grid_1d(n.div_ceil(GEMV_ROWS_OUTPUTS) * m);
+        let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m);
         rec.dispatch(&self.gemv_rows, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
     }
 
@@ -1566,9 +1551,8 @@ impl Kernels {
     /// (flash-decoding) kernels for a few, the chunked online-softmax kernel when none fits.
     pub fn attention(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
         let (mut params, cost) = attention_params(a)?;
-        params.split_keys = self.attention_split_keys;
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
-        let n_splits = a.tk.div_ceil(self.attention_split_keys);
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
         if a.tq <= ATTENTION_TILED_MIN_QUERIES && n_splits == 1 {
             // Keys fit one split (a decode step's self-attention): one dispatch, no merge.
             params.direct = 1;
@@ -1607,7 +1591,7 @@ impl Kernels {
     /// and the split count is returned. None: the attention was recorded whole into
     /// `a.out`.
     pub fn attention_unmerged(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<Option<u32>> {
-        let n_splits = a.tk.div_ceil(self.attention_split_keys);
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
         let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
         let fits = a.tq <= ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS)
             && n_splits > 1
@@ -1618,8 +1602,7 @@ impl Kernels {
             self.attention(rec, a)?;
             return Ok(None);
         }
-        let (mut params, cost) = attention_params(a)?;
-        params.split_keys = self.attention_split_keys;
+        let (params, cost) = attention_params(a)?;
         let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
         let bufs = [a.q.buf, a.k.buf, a.v.buf, &self.attention_partials];
         rec.dispatch(&self.attention_split, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, n_splits], split_cost)?;
