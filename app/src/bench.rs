@@ -243,6 +243,18 @@ fn bench(args: &Args) -> Result<(), String> {
     // still climbing from its idle clock.
     model.begin_window(&mel).map_err(err)?;
     let warm = warm_up(|| model.begin_window(&mel).map_err(err))?;
+    // The clock falls again under latency-bound work: nvidia-smi read the H200's
+    // utilisation as 0-4 % through decode steps and its clock going 1980 -> 1400-1600 MHz
+    // about 1.5 s after the warm-up (bench/RESULTS.md, 2026-12-04). Each later section is
+    // warmed again first (not on a CPU adapter, whose windows take seconds), and the report
+    // lists those warm-ups.
+    let mut rewarms: Vec<(&str, engine::gpu::warm_up::WarmUp)> = Vec::new();
+    let mut rewarm = |model: &mut GpuWhisper, what: &'static str| -> Result<(), String> {
+        if !gpu.info.is_cpu() {
+            rewarms.push((what, warm_up(|| model.begin_window(&mel).map_err(err))?));
+        }
+        Ok(())
+    };
     let mut enc = Vec::new();
     for _ in 0..batches {
         let t = Instant::now();
@@ -291,6 +303,7 @@ fn bench(args: &Args) -> Result<(), String> {
     // per token for 4 and for the most steps a submission takes, over about `steps` tokens.
     let mut batched_ms = Vec::new();
     if model.max_steps() > 1 {
+        rewarm(&mut model, "steps per readback")?;
         for k in [4, model.max_steps()] {
             let calls = (steps / k).max(1);
             let mut v = Vec::new();
@@ -326,6 +339,7 @@ fn bench(args: &Args) -> Result<(), String> {
     // costs where it runs, between its neighbours (first row: nothing left out).
     let mut parts_ms = Vec::new();
     if args.step_parts && model.max_steps() > 1 {
+        rewarm(&mut model, "step parts")?;
         let k = model.max_steps();
         let calls = (steps / k).max(1);
         for part in std::iter::once(None).chain(engine::models::whisper::gpu::DECODE_PARTS.iter().copied().map(Some)) {
@@ -380,6 +394,7 @@ fn bench(args: &Args) -> Result<(), String> {
         }
         // Each n as the decoder runs it (the first layer submitted early), and the most
         // positions also recorded whole before one submission, to see what that hides.
+        rewarm(&mut model, "verify passes")?;
         let early = model.early_submit.clone();
         let runs = (1..=model.max_verify()).map(|n| (n, early.clone())).chain([(model.max_verify(), Vec::new())]);
         for (n, early_submit) in runs {
@@ -417,6 +432,7 @@ fn bench(args: &Args) -> Result<(), String> {
     let mut draft_ms = Vec::new();
     let mut depths = vec![1, dims.decoder_layers.div_ceil(2), dims.decoder_layers];
     depths.dedup();
+    rewarm(&mut model, "drafts")?;
     for format in [BlockFormat::Q8_0, BlockFormat::Q4_0] {
         for &layers in &depths {
             model.set_draft(&ck, format, layers).map_err(err)?;
@@ -444,6 +460,7 @@ fn bench(args: &Args) -> Result<(), String> {
 
     // Copy ceiling, then the per-kernel table (timestamps on).
     let copy_gbs = copy_ceiling(&gpu, args.copy_mib, batches)?;
+    rewarm(&mut model, "per-kernel profile")?;
     gpu.pause_profiling(false);
     model.profile.clear();
     let prof_steps = 64.min(steps);
@@ -468,6 +485,7 @@ fn bench(args: &Args) -> Result<(), String> {
         if synthetic {
             return Err("--file needs a real model directory (--model), not --synthetic".into());
         }
+        rewarm(&mut model, "end to end")?;
         drop(model);
         let mut tr = Transcriber::load_with(gpu.clone(), &dir, args.quant).map_err(err)?;
         let opts = Options::default();
@@ -501,6 +519,9 @@ fn bench(args: &Args) -> Result<(), String> {
     println!("| measure | min | spread | note |");
     println!("|---|---:|---:|---|");
     println!("| GPU warm-up before timing, ms | {:.0} | | {} |", warm.elapsed_ms, warm.describe("window"));
+    for (what, w) in &rewarms {
+        println!("| GPU warm-up again before {what}, ms | {:.0} | | {} |", w.elapsed_ms, w.describe("window"));
+    }
     let e = stat(&enc);
     println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, one submit + wait |", e.min, e.spread);
     let p4 = stat(&pre4);
