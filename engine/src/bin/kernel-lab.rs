@@ -1879,6 +1879,47 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         }
         rows.push(row);
     }
+
+    // The shipped decode GEMV (m1 with its LayerNorm) on weights that are not hot: the same
+    // dependent chain over distinct copies of the matrix, taken in turn, totalling ~16 MiB
+    // (still in the 60 MB L2) and ~128 MiB (past it: every dispatch reads HBM, as a decode
+    // step's layers do once the logits' 40 MB have passed through L2). What a decode GEMV
+    // pays for its weights' trip, against the hot row above.
+    let code = ln_stats_variant("m1.ln", engine::kernels::GEMV_SOURCE, "")?;
+    let r = Access::Read;
+    let kernel = gpu.kernel_entry("lab.decode.m1.ln.cold", &code, "main_m1", &[r, r, r, r, r, Access::ReadWrite])?;
+    let g = grid(n.div_ceil(16) as u64);
+    let wbytes = n as u64 * k as u64 * 2;
+    for (name, total) in [("m1.ln.l2", 16u64 << 20), ("m1.ln.hbm", 128 << 20)] {
+        let copies = total.div_ceil(wbytes).clamp(2, 1024);
+        let mut row = Row::new(
+            Section::Gemv,
+            name,
+            &format!("m1.ln over {copies} copies of the weights in turn ({} MiB), dependent", copies * wbytes >> 20),
+        );
+        row.bytes = Some(wbytes + k as u64 * 4 + n as u64 * 4);
+        eprintln!("  {name}");
+        let mut ws = Vec::with_capacity(copies as usize);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for _ in 0..copies {
+            let w = gpu.buffer("lab decode gemv w copy", wbytes)?;
+            enc.copy_buffer_to_buffer(&wb, 0, &w, 0, wbytes);
+            ws.push(w);
+        }
+        gpu.queue.submit([enc.finish()]);
+        let binds: Vec<wgpu::BindGroup> = ws.iter().map(|w| lab.bind(&kernel, &params_ln, &[&xb, w, &zero, &gb, &bb, &ys[0]])).collect();
+        // Guard: the last copy gives the hot matrix's product.
+        gpu.fill_u32(&ys[0], 0x7fc0_0000);
+        lab.run_once(&kernel, &binds[binds.len() - 1], g)?;
+        let rel = rel_to(&gpu.read_f32(&ys[0], 0, nu)?, &refs[0][1]);
+        if !rel.is_finite() || rel > REL_BOUND {
+            row.check = format!("WRONG rel {rel:.1e}");
+        } else {
+            row.check = format!("ok {rel:.0e}");
+            row.dep = Some(lab.time(&kernel, &binds, g, copies as u32)?);
+        }
+        rows.push(row);
+    }
     Ok(rows)
 }
 
