@@ -286,7 +286,7 @@ impl Lab<'_> {
     /// `time_mixed` with every dispatch's grid read from `args` (x, y, z words at offset 0)
     /// by an indirect dispatch.
     fn time_indirect(&self, k: &Kernel, binds: &[wgpu::BindGroup], args: &wgpu::Buffer, per_batch: u32) -> LabResult<Timing> {
-        self.time_with(&[k], binds, Grid::Indirect(args), per_batch)
+        self.time_with(&[k], binds, &[], Grid::Indirect(args), per_batch)
     }
 
     /// `time` with dispatch i running `kernels[i % len]` with `binds[i % len]` (a chain
@@ -298,10 +298,15 @@ impl Lab<'_> {
         grid: [u32; 2],
         per_batch: u32,
     ) -> LabResult<Timing> {
-        self.time_with(kernels, binds, Grid::Direct(grid), per_batch)
+        self.time_with(kernels, binds, &[], Grid::Direct(grid), per_batch)
     }
 
-    fn time_with(&self, kernels: &[&Kernel], binds: &[wgpu::BindGroup], grid: Grid, per_batch: u32) -> LabResult<Timing> {
+    /// `time` with dispatch i's parameters set as immediate data (`imms[i % len]`) before it.
+    fn time_immediates(&self, k: &Kernel, binds: &[wgpu::BindGroup], imms: &[Vec<u8>], grid: [u32; 2], per_batch: u32) -> LabResult<Timing> {
+        self.time_with(&[k], binds, imms, Grid::Direct(grid), per_batch)
+    }
+
+    fn time_with(&self, kernels: &[&Kernel], binds: &[wgpu::BindGroup], imms: &[Vec<u8>], grid: Grid, per_batch: u32) -> LabResult<Timing> {
         let k = kernels[0];
         let dev = &self.gpu.device;
         let total = self.batches + 1;
@@ -326,6 +331,9 @@ impl Lab<'_> {
                 for i in 0..per_batch as usize {
                     pass.set_pipeline(&kernels[i % kernels.len()].pipeline);
                     pass.set_bind_group(0, &binds[i % binds.len()], &[]);
+                    if !imms.is_empty() {
+                        pass.set_immediates(0, &imms[i % imms.len()]);
+                    }
                     match grid {
                         Grid::Direct(g) => pass.dispatch_workgroups(g[0], g[1], 1),
                         Grid::Indirect(args) => pass.dispatch_workgroups_indirect(args, 0),
@@ -1893,7 +1901,24 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     // The third row also gives each dispatch a parameter block of its own, as the engine's
     // recorder does (a 256-byte slot each, uploaded before the submission): whether a
     // kernel's first load, its parameters, costs it a round trip the lab's shared block hides.
-    for (name, total, own_params) in [("m1.ln.l2", 16u64 << 20, false), ("m1.ln.hbm", 128 << 20, false), ("m1.ln.hbm.params", 128 << 20, true)] {
+    // The fourth row passes each dispatch's parameters as immediate data (Vulkan push
+    // constants: they arrive with the dispatch, no load), where the device offers them.
+    let imm_code = code.replace("@group(0) @binding(0) var<uniform> p: Params;", "var<immediate> p: Params;");
+    assert!(imm_code != code, "m1.ln.hbm.imm: the rewrite to var<immediate> did not apply");
+    let params_words = [1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0];
+    let imm_kernel = match gpu.kernel_entry_with("lab.decode.m1.ln.imm", &imm_code, "main_m1", &[r, r, r, r, r, Access::ReadWrite], 48) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            eprintln!("  m1.ln.hbm.imm: skipped ({e})");
+            None
+        }
+    };
+    for (name, total, own_params) in [("m1.ln.l2", 16u64 << 20, false), ("m1.ln.hbm", 128 << 20, false), ("m1.ln.hbm.params", 128 << 20, true), ("m1.ln.hbm.imm", 128 << 20, true)] {
+        let imm = name.ends_with(".imm");
+        if imm && imm_kernel.is_none() {
+            continue;
+        }
+        let kernel = if imm { imm_kernel.as_ref().expect("checked") } else { &kernel };
         let copies = total.div_ceil(wbytes).clamp(2, 1024);
         let mut row = Row::new(
             Section::Gemv,
@@ -1901,7 +1926,13 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
             &format!(
                 "m1.ln over {copies} copies of the weights in turn ({} MiB), dependent{}",
                 copies * wbytes >> 20,
-                if own_params { ", a parameter block each" } else { "" }
+                if imm {
+                    ", parameters as immediates"
+                } else if own_params {
+                    ", a parameter block each"
+                } else {
+                    ""
+                }
             ),
         );
         row.bytes = Some(wbytes + k as u64 * 4 + n as u64 * 4);
@@ -1915,24 +1946,35 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         }
         gpu.queue.submit([enc.finish()]);
         let own: Vec<wgpu::Buffer> = if own_params {
-            (0..copies).map(|_| lab.uniform(&[1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0])).collect()
+            (0..copies).map(|_| lab.uniform(&params_words)).collect()
         } else {
             Vec::new()
         };
         let binds: Vec<wgpu::BindGroup> = ws
             .iter()
             .enumerate()
-            .map(|(i, w)| lab.bind(&kernel, own.get(i).unwrap_or(&params_ln), &[&xb, w, &zero, &gb, &bb, &ys[0]]))
+            .map(|(i, w)| lab.bind(kernel, own.get(i).unwrap_or(&params_ln), &[&xb, w, &zero, &gb, &bb, &ys[0]]))
             .collect();
+        // Immediates: each dispatch's own copy of the words (as a recorder would set them).
+        let imms: Vec<Vec<u8>> = if imm { (0..copies).map(|_| bytemuck::cast_slice(&params_words).to_vec()).collect() } else { Vec::new() };
         // Guard: the last copy gives the hot matrix's product.
         gpu.fill_u32(&ys[0], 0x7fc0_0000);
-        lab.run_once(&kernel, &binds[binds.len() - 1], g)?;
+        let last = binds.len() - 1;
+        if imm {
+            lab.time_immediates(kernel, &binds[last..], &imms[last..], g, 1)?;
+        } else {
+            lab.run_once(kernel, &binds[last], g)?;
+        }
         let rel = rel_to(&gpu.read_f32(&ys[0], 0, nu)?, &refs[0][1]);
         if !rel.is_finite() || rel > REL_BOUND {
             row.check = format!("WRONG rel {rel:.1e}");
         } else {
             row.check = format!("ok {rel:.0e}");
-            row.dep = Some(lab.time(&kernel, &binds, g, copies as u32)?);
+            row.dep = Some(if imm {
+                lab.time_immediates(kernel, &binds, &imms, g, copies as u32)?
+            } else {
+                lab.time(kernel, &binds, g, copies as u32)?
+            });
         }
         rows.push(row);
     }

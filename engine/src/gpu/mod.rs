@@ -98,7 +98,9 @@ fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
         // (the kernel lab's subgroup-barrier variants; no engine kernel uses it)
         | wgpu::Features::SUBGROUP_BARRIER
         | wgpu::Features::TIMESTAMP_QUERY
-        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+        // (the kernel lab's parameters-as-push-constants row; no engine kernel uses it yet)
+        | wgpu::Features::IMMEDIATES;
     if coop_matrix_usable(adapter) {
         f |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
@@ -307,6 +309,23 @@ impl Gpu {
 
     /// As [`Gpu::kernel`], for a module with several entry points.
     pub fn kernel_entry(&self, name: &'static str, source: &str, entry: &str, bindings: &[Access]) -> Result<Arc<Kernel>> {
+        self.kernel_entry_with(name, source, entry, bindings, 0)
+    }
+
+    /// As [`Gpu::kernel_entry`], with `immediate_size` bytes of immediate data (Vulkan push
+    /// constants, `var<immediate>` in WGSL; the device needs `Features::IMMEDIATES`) in its
+    /// pipeline layout. Binding 0 stays in the layout whether the shader reads it or not.
+    pub fn kernel_entry_with(
+        &self,
+        name: &'static str,
+        source: &str,
+        entry: &str,
+        bindings: &[Access],
+        immediate_size: u32,
+    ) -> Result<Arc<Kernel>> {
+        if immediate_size > 0 && !self.device.features().contains(wgpu::Features::IMMEDIATES) {
+            return Err(Error::Unsupported(format!("kernel {name}: the device offers no immediate data")));
+        }
         if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
             return Ok(k.clone());
         }
@@ -349,7 +368,7 @@ impl Gpu {
         let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),
             bind_group_layouts: &[Some(&layout)],
-            immediate_size: 0,
+            immediate_size,
         });
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(name),
