@@ -1978,6 +1978,72 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         }
         rows.push(row);
     }
+
+    // A chain that changes kernel at every dispatch, as a decode step does (each of its
+    // dispatches runs other code than the one before): four LayerNorm variants of main_m1
+    // (the same loads and products, other instructions) in turn over the cold copies,
+    // against each of them alone over the same copies. Shared parameters, so only the code
+    // changes between dispatches.
+    let mut mix = Vec::new();
+    for (suffix, kind, late) in [("", "", false), ("1", "one_pass", false), ("c", "chan", false), (".late", "", true)] {
+        let vname = format!("m1.ln{suffix}");
+        let mut code = ln_stats_variant(&vname, engine::kernels::GEMV_SOURCE, kind)?;
+        if late {
+            let ahead = "const LN_AHEAD: bool = true;";
+            assert!(code.contains(ahead), "{vname}: LN_AHEAD not found");
+            code = code.replace(ahead, "const LN_AHEAD: bool = false;");
+        }
+        let kname = static_name(&format!("lab.decode.mix.{vname}"));
+        mix.push((vname, gpu.kernel_entry(kname, &code, "main_m1", &[r, r, r, r, r, Access::ReadWrite])?));
+    }
+    let copies = (128u64 << 20).div_ceil(wbytes).clamp(4, 1024).next_multiple_of(4);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let mut ws = Vec::with_capacity(copies as usize);
+    for _ in 0..copies {
+        let w = gpu.buffer("lab decode gemv w copy", wbytes)?;
+        enc.copy_buffer_to_buffer(&wb, 0, &w, 0, wbytes);
+        ws.push(w);
+    }
+    gpu.queue.submit([enc.finish()]);
+    let bind_w = |k: &Kernel, w: &wgpu::Buffer| lab.bind(k, &params_ln, &[&xb, w, &zero, &gb, &bb, &ys[0]]);
+    let mib_total = copies * wbytes >> 20;
+    for (vname, kern) in &mix {
+        let name = format!("{vname}.hbm1");
+        let mut row = Row::new(Section::Gemv, &name, &format!("{vname} alone over the {copies} copies ({mib_total} MiB), dependent"));
+        row.bytes = Some(wbytes + k as u64 * 4 + n as u64 * 4);
+        eprintln!("  {name}");
+        let binds: Vec<wgpu::BindGroup> = ws.iter().map(|w| bind_w(kern, w)).collect();
+        gpu.fill_u32(&ys[0], 0x7fc0_0000);
+        lab.run_once(kern, &binds[0], g)?;
+        let rel = rel_to(&gpu.read_f32(&ys[0], 0, nu)?, &refs[0][1]);
+        if !rel.is_finite() || rel > REL_BOUND {
+            row.check = format!("WRONG rel {rel:.1e}");
+        } else {
+            row.check = format!("ok {rel:.0e}");
+            row.dep = Some(lab.time(kern, &binds, g, copies as u32)?);
+        }
+        rows.push(row);
+    }
+    let mut row = Row::new(
+        Section::Gemv,
+        "m1.ln.mix.hbm",
+        &format!("the four above in turn, a new kernel every dispatch, over the {copies} copies ({mib_total} MiB), dependent"),
+    );
+    row.bytes = Some(wbytes + k as u64 * 4 + n as u64 * 4);
+    eprintln!("  m1.ln.mix.hbm");
+    let kernels: Vec<&Kernel> = mix.iter().map(|(_, k)| &**k).collect();
+    let binds: Vec<wgpu::BindGroup> = ws.iter().enumerate().map(|(j, w)| bind_w(kernels[j % kernels.len()], w)).collect();
+    gpu.fill_u32(&ys[0], 0x7fc0_0000);
+    let t = lab.time_mixed(&kernels, &binds, g, copies as u32)?;
+    // Guard: the chain's last dispatch (the fourth variant) left the right product.
+    let rel = rel_to(&gpu.read_f32(&ys[0], 0, nu)?, &refs[0][1]);
+    if !rel.is_finite() || rel > REL_BOUND {
+        row.check = format!("WRONG rel {rel:.1e}");
+    } else {
+        row.check = format!("ok {rel:.0e}");
+        row.dep = Some(t);
+    }
+    rows.push(row);
     Ok(rows)
 }
 
