@@ -1898,6 +1898,18 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     let kernel = gpu.kernel_entry("lab.decode.m1.ln.cold", &code, "main_m1", &[r, r, r, r, r, Access::ReadWrite])?;
     let g = grid(n.div_ceil(16) as u64);
     let wbytes = n as u64 * k as u64 * 2;
+    // `copies` new buffers, each a GPU copy of the weights.
+    let weight_copies = |copies: u64| -> LabResult<Vec<wgpu::Buffer>> {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let mut ws = Vec::with_capacity(copies as usize);
+        for _ in 0..copies {
+            let w = gpu.buffer("lab decode gemv w copy", wbytes)?;
+            enc.copy_buffer_to_buffer(&wb, 0, &w, 0, wbytes);
+            ws.push(w);
+        }
+        gpu.queue.submit([enc.finish()]);
+        Ok(ws)
+    };
     // The third row also gives each dispatch a parameter block of its own, as the engine's
     // recorder does (a 256-byte slot each, uploaded before the submission): whether a
     // kernel's first load, its parameters, costs it a round trip the lab's shared block hides.
@@ -1937,14 +1949,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         );
         row.bytes = Some(wbytes + k as u64 * 4 + n as u64 * 4);
         eprintln!("  {name}");
-        let mut ws = Vec::with_capacity(copies as usize);
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for _ in 0..copies {
-            let w = gpu.buffer("lab decode gemv w copy", wbytes)?;
-            enc.copy_buffer_to_buffer(&wb, 0, &w, 0, wbytes);
-            ws.push(w);
-        }
-        gpu.queue.submit([enc.finish()]);
+        let ws = weight_copies(copies)?;
         let own: Vec<wgpu::Buffer> = if own_params {
             (0..copies).map(|_| lab.uniform(&params_words)).collect()
         } else {
@@ -1997,14 +2002,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         mix.push((vname, gpu.kernel_entry(kname, &code, "main_m1", &[r, r, r, r, r, Access::ReadWrite])?));
     }
     let copies = (128u64 << 20).div_ceil(wbytes).clamp(4, 1024).next_multiple_of(4);
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    let mut ws = Vec::with_capacity(copies as usize);
-    for _ in 0..copies {
-        let w = gpu.buffer("lab decode gemv w copy", wbytes)?;
-        enc.copy_buffer_to_buffer(&wb, 0, &w, 0, wbytes);
-        ws.push(w);
-    }
-    gpu.queue.submit([enc.finish()]);
+    let ws = weight_copies(copies)?;
     let bind_w = |k: &Kernel, w: &wgpu::Buffer| lab.bind(k, &params_ln, &[&xb, w, &zero, &gb, &bb, &ys[0]]);
     let mib_total = copies * wbytes >> 20;
     for (vname, kern) in &mix {
