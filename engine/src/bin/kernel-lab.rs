@@ -1911,10 +1911,11 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         Ok(ws)
     };
     // The third row also gives each dispatch a parameter block of its own, as the engine's
-    // recorder does (a 256-byte slot each, uploaded before the submission): whether a
-    // kernel's first load, its parameters, costs it a round trip the lab's shared block hides.
+    // recorder does (a 256-byte slot each, uploaded before the submission): what new
+    // parameters cost a dispatch, which the lab's shared block hides (~0.3 us on the H200).
     // The fourth row passes each dispatch's parameters as immediate data (Vulkan push
-    // constants: they arrive with the dispatch, no load), where the device offers them.
+    // constants, no buffer to load), where the device offers them: no cheaper there
+    // (bench/RESULTS.md 2026-12-04).
     let imm_code = code.replace("@group(0) @binding(0) var<uniform> p: Params;", "var<immediate> p: Params;");
     assert!(imm_code != code, "m1.ln.hbm.imm: the rewrite to var<immediate> did not apply");
     let params_words = [1, n, k, 16, 0, k, 0, n, eps.to_bits(), 0, 0, 0];

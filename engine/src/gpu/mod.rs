@@ -99,7 +99,8 @@ fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
         | wgpu::Features::SUBGROUP_BARRIER
         | wgpu::Features::TIMESTAMP_QUERY
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
-        // (the kernel lab's parameters-as-push-constants row; no engine kernel uses it yet)
+        // (only the kernel lab's immediates row: on the H200 push constants were no faster
+        // than a parameter block per dispatch, bench/RESULTS.md 2026-12-04)
         | wgpu::Features::IMMEDIATES;
     if coop_matrix_usable(adapter) {
         f |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
