@@ -476,11 +476,9 @@ fn reduce2(v: f32, lid: u32, is_max: bool) -> f32 {
 
 @compute @workgroup_size(256)
 fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    split_run(wg.x, wg.y, wg.z, lid);
-}
-
-// main_split's work for query qi, head h, split `split` (also main_split_proj's first part).
-fn split_run(qi: u32, h: u32, split: u32, lid: u32) {
+    let qi = wg.x;
+    let h = wg.y;
+    let split = wg.z;
     let d = p.d;
     let sk = p.split_keys;
     let n_splits = (p.tk + sk - 1u) / sk;
@@ -841,19 +839,6 @@ fn split_write(acc0: f32, acc1: f32, mx: f32, total: f32, qi: u32, h: u32, split
     part0[lid] = acc0;
     part1[lid] = acc1;
     workgroupBarrier();
-    if (p.direct == 2u) {
-        // main_split_proj: the normalised row stays in workgroup memory for the projection
-        // (the same division as below and as main_merge's one split: the same bits).
-        if (lid < 64u) {
-            if (cd < d) {
-                orow[cd] = (part0[cd] + part0[64u + cd] + part0[128u + cd] + part0[192u + cd]) / total;
-            }
-            if (cd + 64u < d) {
-                orow[cd + 64u] = (part1[cd] + part1[64u + cd] + part1[128u + cd] + part1[192u + cd]) / total;
-            }
-        }
-        return;
-    }
     if (p.direct != 0u) {
         // One split: this is the whole softmax, normalise and write the output here.
         let ob = p.o_off + qi * p.o_stride + h * d;
@@ -980,106 +965,4 @@ fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
         o_planes[at] = w.x;
         o_planes[plane + at] = w.y;
     }
-}
-
-// ---------------------------------------------------------------------------------------
-// The decoder's self-attention with its output projection: `main_split_proj` (keys in one
-// split, `direct` = 2) and `main_merge_proj` (after main_split over several splits) multiply
-// the head's output row by the head's 64 rows of W_out ([heads 64][D] k-major f16 pairs, D =
-// heads 64) and write the head's partial of the projection, head 0 adding the bias:
-// o[o_off + qi o_stride + h D + n]. The GEMVs that read the residual next (gemv.wgsl flags
-// 64 and 128) add the heads' partials in head order: one dependent dispatch less per layer
-// and step than the attention followed by the out projection's GEMV.
-// Both entries run `project` on the same row (main_merge of one split divides as the direct
-// write does), so a row's partials are the same bits either way: a verify pass whose keys
-// spill into a second split still reproduces single steps.
-
-@group(0) @binding(6) var<storage, read> wo: array<u32>;
-@group(0) @binding(7) var<storage, read> bo: array<f32>;
-
-// Output pairs a workgroup projects (ATTENTION_PROJ_CHUNK_PAIRS in mod.rs): the grid's z is
-// the chunk of D / 128 (every workgroup of a head repeats its attention, from L2), so each
-// thread's 16 weight words are issued before the attention and wait behind it. One
-// workgroup per head projecting all of D (2-3 rounds of loads after the attention) made
-// tiny.en's decode step slower than the separate GEMV on the H200 (0.278-0.289 against
-// 0.261-0.264 ms/token).
-const PROJ_CHUNK: u32 = 64u;
-
-var<workgroup> orow: array<f32, MAXD>;
-var<workgroup> pred: array<vec2<f32>, 256>; // [pair of the chunk][quarter of the head's 64 inputs]
-
-// Thread lid's 16 weight words: inputs 16 (lid % 4) .. + 16 of head h, output pair
-// chunk * 64 + lid / 4 (clamped to the last pair past D; not stored then).
-fn proj_words(h: u32, chunk: u32, lid: u32) -> array<u32, 16> {
-    let nw = p.heads * 32u;
-    let j = min(chunk * PROJ_CHUNK + lid / 4u, nw - 1u);
-    let r = (h * 64u + 16u * (lid % 4u)) * nw + j;
-    return array<u32, 16>(
-        wo[r], wo[r + nw], wo[r + 2u * nw], wo[r + 3u * nw],
-        wo[r + 4u * nw], wo[r + 5u * nw], wo[r + 6u * nw], wo[r + 7u * nw],
-        wo[r + 8u * nw], wo[r + 9u * nw], wo[r + 10u * nw], wo[r + 11u * nw],
-        wo[r + 12u * nw], wo[r + 13u * nw], wo[r + 14u * nw], wo[r + 15u * nw],
-    );
-}
-
-fn wv(u: u32) -> vec2<f32> {
-    return unpack2x16float(u);
-}
-
-// orow (head_dim 64, after a barrier) times the words: thread lid's quarter of the
-// inputs for its pair, the quarters then added in a fixed order after one barrier, head 0
-// adding the bias; written as the head's partial of the projection.
-fn project(qi: u32, h: u32, chunk: u32, lid: u32, u: array<u32, 16>) {
-    let nw = p.heads * 32u;
-    let c = 16u * (lid % 4u);
-    var a = vec2<f32>(orow[c]) * wv(u[0]);
-    a = fma(vec2<f32>(orow[c + 1u]), wv(u[1]), a);
-    a = fma(vec2<f32>(orow[c + 2u]), wv(u[2]), a);
-    a = fma(vec2<f32>(orow[c + 3u]), wv(u[3]), a);
-    a = fma(vec2<f32>(orow[c + 4u]), wv(u[4]), a);
-    a = fma(vec2<f32>(orow[c + 5u]), wv(u[5]), a);
-    a = fma(vec2<f32>(orow[c + 6u]), wv(u[6]), a);
-    a = fma(vec2<f32>(orow[c + 7u]), wv(u[7]), a);
-    a = fma(vec2<f32>(orow[c + 8u]), wv(u[8]), a);
-    a = fma(vec2<f32>(orow[c + 9u]), wv(u[9]), a);
-    a = fma(vec2<f32>(orow[c + 10u]), wv(u[10]), a);
-    a = fma(vec2<f32>(orow[c + 11u]), wv(u[11]), a);
-    a = fma(vec2<f32>(orow[c + 12u]), wv(u[12]), a);
-    a = fma(vec2<f32>(orow[c + 13u]), wv(u[13]), a);
-    a = fma(vec2<f32>(orow[c + 14u]), wv(u[14]), a);
-    a = fma(vec2<f32>(orow[c + 15u]), wv(u[15]), a);
-    pred[lid] = a;
-    workgroupBarrier();
-    let j = chunk * PROJ_CHUNK + lid;
-    if (lid < PROJ_CHUNK && j < nw) {
-        var s = (pred[4u * lid] + pred[4u * lid + 1u]) + (pred[4u * lid + 2u] + pred[4u * lid + 3u]);
-        if (h == 0u) {
-            s += vec2<f32>(bo[2u * j], bo[2u * j + 1u]);
-        }
-        let pb = p.o_off + qi * p.o_stride + h * 2u * nw;
-        o[pb + 2u * j] = s.x;
-        o[pb + 2u * j + 1u] = s.y;
-    }
-}
-
-// Grid [queries, heads, D / 128]: the split's attention (one split of keys), then chunk z
-// of the projection.
-@compute @workgroup_size(256)
-fn main_split_proj(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let u = proj_words(wg.y, wg.z, lid);
-    split_run(wg.x, wg.y, 0u, lid);
-    workgroupBarrier();
-    project(wg.x, wg.y, wg.z, lid, u);
-}
-
-// The splits' partials (bound as `q`) merged as main_merge merges them, then projected.
-@compute @workgroup_size(256)
-fn main_merge_proj(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let u = proj_words(wg.y, wg.z, lid);
-    let r = merged(wg.x, wg.y, lid);
-    if (lid < 64u) {
-        orow[lid] = r.x;
-    }
-    workgroupBarrier();
-    project(wg.x, wg.y, wg.z, lid, u);
 }

@@ -9,8 +9,7 @@ struct Params {
     q_off: u32, q_stride: u32, k_off: u32, k_stride: u32,
     v_off: u32, v_stride: u32, o_off: u32, o_stride: u32,
     causal: u32, causal_offset: u32, scale: f32, split_keys: u32,
-    // main_split only: 1 = a single split, write the normalised output to `o` (no merge);
-    // 2 = main_split_proj's single split (the row kept in workgroup memory, then projected).
+    // main_split only: 1 = a single split, write the normalised output to `o` (no merge).
     direct: u32,
     // main_merge_planes only: rows of its planes output (tq padded to the GEMM's tile).
     rows_pad: u32, _p1: u32, _p2: u32,

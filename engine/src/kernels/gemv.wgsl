@@ -25,14 +25,6 @@
 // (gemv_common.wgsl, prepended too, has the folded norm and the epilogue); 32 (main_m1
 // only) X is attention.wgsl's split partials of this row, merged here as main_merge would
 // (the cross-attention's output projection: one dispatch less per layer and step).
-// Flags 64 and 128 (main_m1 only): the self-attention's output projection as partials, one
-// row of width d per head (attention.wgsl main_split_proj / main_merge_proj, head 0 with the
-// bias), added to the residual by the GEMVs that read it next instead of by a GEMV of its
-// own. 64: the input row is X plus the partials (the cross-attention's query, its LayerNorm
-// over that sum); 128: the accumulated residual is Y plus the partials (the cross-attention's
-// out projection writes x + self-attention + cross-attention back). Both add them by
-// `add_parts`, in head order: the same bits in both places. The partials are read from the
-// buffer bound as X (64) or Y (128), from float (p.head_parts >> 8) * 256 on, [row][head][d].
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -57,107 +49,6 @@ var<workgroup> xm: array<f32, MAXK_MERGE>;
 
 fn merge_on() -> bool {
     return (p.flags & 32u) != 0u;
-}
-
-fn parts_in() -> bool {
-    return (p.flags & 64u) != 0u;
-}
-
-fn parts_out() -> bool {
-    return (p.flags & 128u) != 0u;
-}
-
-// Float index of the partials of (row, head 0, column c) and the head count; rows of width wd.
-fn parts_at(row: u32, c: u32, wd: u32) -> vec2<u32> {
-    let heads = p.head_parts & 255u;
-    return vec2<u32>((p.head_parts >> 8u) * 256u + row * heads * wd + c, heads);
-}
-
-// Heads h0..h0+7 of column c's partials of `row` from X (flag 64), the loads issued
-// together (clamped past the last head; add_parts leaves those out).
-fn parts8_x(row: u32, c: u32, h0: u32) -> array<f32, 8> {
-    let at = parts_at(row, c, p.k);
-    let last = at.y - 1u;
-    let w = p.k;
-    return array<f32, 8>(x[at.x + min(h0, last) * w], x[at.x + min(h0 + 1u, last) * w], x[at.x + min(h0 + 2u, last) * w],
-        x[at.x + min(h0 + 3u, last) * w], x[at.x + min(h0 + 4u, last) * w], x[at.x + min(h0 + 5u, last) * w],
-        x[at.x + min(h0 + 6u, last) * w], x[at.x + min(h0 + 7u, last) * w]);
-}
-
-// ... and from Y (flag 128).
-fn parts8_y(row: u32, c: u32, h0: u32) -> array<f32, 8> {
-    let at = parts_at(row, c, p.n);
-    let last = at.y - 1u;
-    let w = p.n;
-    return array<f32, 8>(y[at.x + min(h0, last) * w], y[at.x + min(h0 + 1u, last) * w], y[at.x + min(h0 + 2u, last) * w],
-        y[at.x + min(h0 + 3u, last) * w], y[at.x + min(h0 + 4u, last) * w], y[at.x + min(h0 + 5u, last) * w],
-        y[at.x + min(h0 + 6u, last) * w], y[at.x + min(h0 + 7u, last) * w]);
-}
-
-// s plus the partials u of heads h..h+7 that exist, in head order.
-fn add8(s0: f32, h: u32, heads: u32, u: array<f32, 8>) -> f32 {
-    var s = s0;
-    if (h < heads) { s += u[0]; }
-    if (h + 1u < heads) { s += u[1]; }
-    if (h + 2u < heads) { s += u[2]; }
-    if (h + 3u < heads) { s += u[3]; }
-    if (h + 4u < heads) { s += u[4]; }
-    if (h + 5u < heads) { s += u[5]; }
-    if (h + 6u < heads) { s += u[6]; }
-    if (h + 7u < heads) { s += u[7]; }
-    return s;
-}
-
-// The sum of a column's partials (in head order, from 0) with the first 16 heads' values
-// already loaded (a: heads 0-7, b: 8-15) and the rest read here: both flags add by this.
-fn parts_sum_x(row: u32, c: u32, a: array<f32, 8>, b: array<f32, 8>) -> f32 {
-    let heads = p.head_parts & 255u;
-    var s = add8(add8(0.0, 0u, heads, a), 8u, heads, b);
-    for (var h = 16u; h < heads; h += 8u) {
-        s = add8(s, h, heads, parts8_x(row, c, h));
-    }
-    return s;
-}
-
-fn parts_sum_y(row: u32, c: u32, a: array<f32, 8>, b: array<f32, 8>) -> f32 {
-    let heads = p.head_parts & 255u;
-    var s = add8(add8(0.0, 0u, heads, a), 8u, heads, b);
-    for (var h = 16u; h < heads; h += 8u) {
-        s = add8(s, h, heads, parts8_y(row, c, h));
-    }
-    return s;
-}
-
-// Flag 64: row `row` of X plus its partials into `xm` (the caller puts a barrier after):
-// two columns a thread at a time, the first 16 heads' loads of both issued together.
-fn parts_row(row: u32, lid: u32) {
-    let xb = p.x_off + row * p.x_stride;
-    let heads = p.head_parts & 255u;
-    for (var c0 = lid; c0 < p.k; c0 += 2u * WG) {
-        let c1 = min(c0 + WG, p.k - 1u);
-        let a0 = parts8_x(row, c0, 0u);
-        let a1 = parts8_x(row, c1, 0u);
-        var b0 = array<f32, 8>();
-        var b1 = array<f32, 8>();
-        if (heads > 8u) {
-            b0 = parts8_x(row, c0, 8u);
-            b1 = parts8_x(row, c1, 8u);
-        }
-        let x0 = x[xb + c0];
-        let x1 = x[xb + c1];
-        xm[c0] = x0 + parts_sum_x(row, c0, a0, b0);
-        if (c0 + WG < p.k) {
-            xm[c1] = x1 + parts_sum_x(row, c1, a1, b1);
-        }
-    }
-}
-
-// The LayerNorm statistics' reads (gemv_common.wgsl): with flag 64 the row in `xm`.
-fn ln_x(xb: u32, c: u32) -> f32 {
-    if (parts_in()) {
-        return xm[c];
-    }
-    return x[xb + c];
 }
 
 // Flag 32: the attention output row `row` (K = heads x merge_hd values) from the partials
@@ -242,9 +133,6 @@ fn row_stats(m0: u32, m1: u32, lid: u32) {
 fn xv(mi: u32, k: u32) -> f32 {
     if (merge_on()) {
         return xm[k];
-    }
-    if (parts_in()) {
-        return ln_apply(xm[k], mi, k);
     }
     return ln_apply(x[p.x_off + mi * p.x_stride + k], mi, k);
 }
@@ -341,7 +229,6 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     // statistics the first eight products then wait on nothing (LN_AHEAD; the kernel lab
     // rewrites it to false: 5.9 -> 5.2 us per 1536 x 384 dispatch on the H200, against 4.3
     // without a LayerNorm).
-    // (Flag 64: gamma and beta ahead, x from the row built in workgroup memory.)
     let ahead = pre && LN_AHEAD && ln_on() && !merge_on();
     var x0 = 0.0;
     var x1 = 0.0;
@@ -367,7 +254,7 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     var e5 = 0.0;
     var e6 = 0.0;
     var e7 = 0.0;
-    if (ahead && !parts_in()) {
+    if (ahead) {
         let xb = p.x_off + row * p.x_stride + k0;
         x0 = x[xb];
         x1 = x[xb + 1u];
@@ -377,8 +264,6 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         x5 = x[xb + 5u];
         x6 = x[xb + 6u];
         x7 = x[xb + 7u];
-    }
-    if (ahead) {
         g0 = gamma[k0];
         g1 = gamma[k0 + 1u];
         g2 = gamma[k0 + 2u];
@@ -407,44 +292,11 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             ey = vec2<f32>(y[yb + 2u * cw], y[yb + 2u * cw + 1u]);
         }
     }
-    // Flag 128: the first 16 heads' partials of this pair's outputs issued here and added
-    // after the merge (adding them here waited a round trip before the merge began).
-    var pa = array<f32, 8>();
-    var pb = array<f32, 8>();
-    var pc = array<f32, 8>();
-    var pd = array<f32, 8>();
-    let po = parts_out() && kg == 0u && cw < nw;
-    if (po) {
-        pa = parts8_y(row, 2u * cw, 0u);
-        pb = parts8_y(row, 2u * cw + 1u, 0u);
-        if ((p.head_parts & 255u) > 8u) {
-            pc = parts8_y(row, 2u * cw, 8u);
-            pd = parts8_y(row, 2u * cw + 1u, 8u);
-        }
-    }
-    if (parts_in()) {
-        parts_row(row, kg * CP + li.x);
-        workgroupBarrier();
-        if (ahead) {
-            x0 = xm[k0];
-            x1 = xm[k0 + 1u];
-            x2 = xm[k0 + 2u];
-            x3 = xm[k0 + 3u];
-            x4 = xm[k0 + 4u];
-            x5 = xm[k0 + 5u];
-            x6 = xm[k0 + 6u];
-            x7 = xm[k0 + 7u];
-        }
-    }
     if (ln_on()) {
         row_stats(row, row + 1u, kg * CP + li.x);
     }
     if (merge_on()) {
         merge_row(row, kg * CP + li.x);
-    }
-    if (po) {
-        // Added here, after the merge, on the values issued at the start.
-        ey = vec2<f32>(y[yb + 2u * cw] + parts_sum_y(row, 2u * cw, pa, pc), y[yb + 2u * cw + 1u] + parts_sum_y(row, 2u * cw + 1u, pb, pd));
     }
     var a = vec2<f32>(0.0, 0.0);
     var b = vec2<f32>(0.0, 0.0);

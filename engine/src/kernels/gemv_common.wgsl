@@ -2,8 +2,8 @@
 // share: the LayerNorm folded into the input rows and the epilogue with its operands loaded
 // ahead, and the parameter block (`GemvParams` in mod.rs). Prepended to each (after
 // gelu.wgsl); the including file declares `p: Params` (binding 0), `x`, `gamma`, `beta`,
-// `y`, `bias`, `WG` (threads per workgroup), `MAXM` (rows whose statistics a workgroup
-// keeps) and `ln_x(xb, c)`, element c of the row at xb that the statistics read.
+// `y`, `bias`, `WG` (threads per workgroup) and `MAXM` (rows whose statistics a workgroup
+// keeps).
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32,
@@ -11,10 +11,7 @@ struct Params {
     eps: f32,
     // gemv.wgsl flag 32 only: X is the split attention's partials, `merge_splits` splits of
     // heads of `merge_hd` (see gemv.wgsl)
-    merge_splits: u32, merge_hd: u32,
-    // gemv.wgsl flags 64 / 128 only: where the heads' projection partials are (heads in the
-    // low 8 bits, the offset / 256 above; see gemv.wgsl)
-    head_parts: u32,
+    merge_splits: u32, merge_hd: u32, _p2: u32,
 }
 
 var<workgroup> rs: array<f32, WG>; // one per thread (wg_sum)
@@ -62,12 +59,12 @@ fn wg_sum(v: f32, lid: u32) -> f32 {
 fn ln_stats(xb: u32, slot: u32, lid: u32) {
     let kf = f32(p.k);
     var s = 0.0;
-    let last = p.k - 1u;
+    let last = xb + p.k - 1u;
     for (var c = lid; c < p.k; c += 4u * WG) {
-        let v0 = ln_x(xb, c);
-        let v1 = ln_x(xb, min(c + WG, last));
-        let v2 = ln_x(xb, min(c + 2u * WG, last));
-        let v3 = ln_x(xb, min(c + 3u * WG, last));
+        let v0 = x[xb + c];
+        let v1 = x[min(xb + c + WG, last)];
+        let v2 = x[min(xb + c + 2u * WG, last)];
+        let v3 = x[min(xb + c + 3u * WG, last)];
         s += v0;
         if (c + WG < p.k) {
             s += v1;
@@ -82,7 +79,7 @@ fn ln_stats(xb: u32, slot: u32, lid: u32) {
     let mean = wg_sum(s, lid) / kf;
     var q = 0.0;
     for (var c = lid; c < p.k; c += WG) {
-        let d = ln_x(xb, c) - mean;
+        let d = x[xb + c] - mean;
         q += d * d;
     }
     let inv = inverseSqrt(wg_sum(q, lid) / kf + p.eps);

@@ -169,8 +169,3 @@ fn main_q4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     }
     reduce_and_finish(s, a, li);
 }
-
-// The LayerNorm statistics' reads (gemv_common.wgsl): the row as it is.
-fn ln_x(xb: u32, c: u32) -> f32 {
-    return x[xb + c];
-}

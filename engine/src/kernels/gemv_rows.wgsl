@@ -155,8 +155,3 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         finish_pre(s, o, b, yo);
     }
 }
-
-// The LayerNorm statistics' reads (gemv_common.wgsl): the row as it is.
-fn ln_x(xb: u32, c: u32) -> f32 {
-    return x[xb + c];
-}

@@ -256,36 +256,6 @@ const GEMV_FLAG_MERGE: u32 = 32;
 /// Limits of that merge (gemv.wgsl's workgroup arrays): the row's width, heads x splits.
 const GEMV_MERGE_MAX_K: u32 = 1280;
 const GEMV_MERGE_MAX_PARTS: u32 = 128;
-/// GEMV (main_m1) only: the input row is X plus the heads' projection partials
-/// ([`Kernels::attention_projected`], read from X's buffer), added in head order.
-const GEMV_FLAG_ADD_PARTS_IN: u32 = 64;
-/// GEMV (main_m1) only: the accumulated residual is Y plus those partials, added alike.
-const GEMV_FLAG_ADD_PARTS_OUT: u32 = 128;
-/// Widest row the projected attention takes: the width of the row its consumers build in
-/// workgroup memory (gemv.wgsl's `xm`).
-const ATTENTION_PROJ_MAX_D: u32 = GEMV_MERGE_MAX_K;
-/// Output pairs of the projection a workgroup of the projected attention takes (its grid's
-/// z counts them; attention.wgsl PROJ_CHUNK).
-const ATTENTION_PROJ_CHUNK_PAIRS: u32 = 64;
-
-/// Where [`Kernels::attention_projected`] left the heads' partials of each row's output
-/// projection: `heads` rows of the model width per query row, from float `off` of the
-/// buffer that the consuming GEMV reads its residual from (`off` a multiple of 256).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct HeadParts {
-    pub off: u32,
-    pub heads: u32,
-}
-
-impl HeadParts {
-    /// The GEMV's packed field: heads in the low 8 bits, the offset / 256 above.
-    fn packed(self) -> Result<u32> {
-        if self.off % 256 != 0 || self.heads == 0 || self.heads > 255 || self.off / 256 >= 1 << 24 {
-            return Err(Error::Invalid(format!("head partials at {} of {} heads (offset a multiple of 256, 1 to 255 heads)", self.off, self.heads)));
-        }
-        Ok(self.heads | (self.off / 256) << 8)
-    }
-}
 
 /// Split a 1-D count of workgroups into an (x, y) grid the kernels fold back with
 /// `x + y * 32768` (the per-dimension limit is 65535).
@@ -490,8 +460,7 @@ struct GemvParams {
     eps: f32,
     merge_splits: u32,
     merge_hd: u32,
-    /// Flags 64 / 128: [`HeadParts::packed`].
-    head_parts: u32,
+    _pad: u32,
 }
 
 impl GemvParams {
@@ -514,7 +483,7 @@ impl GemvParams {
             eps: norm.map_or(0.0, |n| n.eps),
             merge_splits: 0,
             merge_hd: 0,
-            head_parts: 0,
+            _pad: 0,
         }
     }
 }
@@ -571,8 +540,7 @@ struct AttentionParams {
     causal_offset: u32,
     scale: f32,
     split_keys: u32,
-    /// main_split: a single split writes the normalised output itself (no merge): 1; 2 for
-    /// main_split_proj (the row stays in workgroup memory for the projection).
+    /// main_split: a single split writes the normalised output itself (no merge).
     direct: u32,
     /// main_merge_planes: rows of its planes output.
     rows_pad: u32,
@@ -751,13 +719,6 @@ pub struct Kernels {
     blocked_partials: Option<Buffer>,
     attention_split: Arc<Kernel>,
     attention_merge: Arc<Kernel>,
-    /// The decoder's self-attention with its output projection (attention.wgsl
-    /// main_split_proj, main_merge_proj).
-    attention_split_proj: Arc<Kernel>,
-    attention_merge_proj: Arc<Kernel>,
-    /// Whether decode steps and verify passes over f16 weights take it
-    /// (`VERBATIM_SELF_OUT_FUSED=0`: the attention, then the out projection's GEMV).
-    pub self_out_fused: bool,
     /// main_merge writing the next GEMM's planes (attention.wgsl main_merge_planes).
     attention_merge_planes: Arc<Kernel>,
     /// Partials of the split attention: [query][head][split][head_dim + 2].
@@ -872,9 +833,6 @@ impl Kernels {
             attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
             attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
             attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
-            attention_split_proj: gpu.kernel_entry("attention_split_proj", ATTENTION_SOURCE, "main_split_proj", &[R, R, R, W, W, R, R])?,
-            attention_merge_proj: gpu.kernel_entry("attention_merge_proj", ATTENTION_SOURCE, "main_merge_proj", &[R, R, R, W, W, R, R])?,
-            self_out_fused: std::env::var("VERBATIM_SELF_OUT_FUSED").map_or(true, |v| v != "0"),
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W, W])?,
             no_grids: gpu.buffer("no gated grids", 4)?,
@@ -1627,29 +1585,23 @@ impl Kernels {
         self.attention_chunked(rec, a)
     }
 
-    /// Whether [`Kernels::attention_unmerged`] leaves `a` unmerged (Some).
-    pub fn attention_unmerged_fits(&self, a: &AttentionArgs) -> bool {
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        a.tq <= ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS)
-            && n_splits > 1
-            && partials <= ATTENTION_PARTIALS_FLOATS
-            && a.heads * n_splits <= GEMV_MERGE_MAX_PARTS
-            && a.heads * a.head_dim <= GEMV_MERGE_MAX_K
-    }
-
     /// [`Kernels::attention`], but where it would run the split kernel and then the merge,
     /// only the split: the partials stay in the kernels' buffer for
     /// [`Kernels::linear_merged`] (the output projection merges them as it reads its input)
     /// and the split count is returned. None: the attention was recorded whole into
     /// `a.out`.
     pub fn attention_unmerged(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<Option<u32>> {
-        if !self.attention_unmerged_fits(a) {
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
+        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
+        let fits = a.tq <= ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS)
+            && n_splits > 1
+            && partials <= ATTENTION_PARTIALS_FLOATS
+            && a.heads * n_splits <= GEMV_MERGE_MAX_PARTS
+            && a.heads * a.head_dim <= GEMV_MERGE_MAX_K;
+        if !fits {
             self.attention(rec, a)?;
             return Ok(None);
         }
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
         let (params, cost) = attention_params(a)?;
         let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
         let bufs = [a.q.buf, a.k.buf, a.v.buf, &self.attention_partials];
@@ -1660,9 +1612,7 @@ impl Kernels {
     /// y[r] (=|+=) act(attn[r] · Wᵀ + b) for the `m` query rows whose attention
     /// [`Kernels::attention_unmerged`] left as `n_splits` partials of `heads` heads of
     /// `head_dim`: the M = 1 GEMV per row (bit-identical to a lone row), merging each row
-    /// into workgroup memory first. With `parts` (and `ep.accumulate`), the accumulated
-    /// y[r] is y[r] plus the heads' partials of [`Kernels::attention_projected`] in y's
-    /// buffer, added as [`Kernels::linear_ln_parts`] adds them.
+    /// into workgroup memory first.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_merged(
         &self,
@@ -1675,7 +1625,6 @@ impl Kernels {
         bias: Option<&Buffer>,
         y: Rows,
         ep: Epilogue,
-        parts: Option<HeadParts>,
     ) -> Result<()> {
         if m == 0 || m > GEMV_MAX_ROWS || heads * head_dim != w.k || heads * n_splits > GEMV_MERGE_MAX_PARTS || w.k > GEMV_MERGE_MAX_K {
             return Err(Error::Invalid(format!(
@@ -1690,15 +1639,6 @@ impl Kernels {
         params.merge_hd = head_dim;
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         cost.bytes += m as u64 * heads as u64 * n_splits as u64 * (head_dim as u64 + 2) * 4;
-        if let Some(hp) = parts {
-            if !ep.accumulate {
-                return Err(Error::Invalid("linear_merged: head partials go with an accumulated residual".into()));
-            }
-            parts_fit("linear_merged", hp, m, w.n, y.buf)?;
-            params.flags |= GEMV_FLAG_ADD_PARTS_OUT;
-            params.head_parts = hp.packed()?;
-            cost.bytes += m as u64 * hp.heads as u64 * w.n as u64 * 4;
-        }
         let b = bias.unwrap_or(&self.zero);
         // `main_m1` at any size: the merge (flag 32) is its own, and the projection it feeds
         // is d_model x d_model (3.3 MB for large-v3), below the streaming GEMV's sizes.
@@ -1710,93 +1650,6 @@ impl Kernels {
             [g[0], g[1], m],
             cost,
         )
-    }
-
-    /// y[r] (=|+=) act(LayerNorm(x[r] + Σ_h parts[r][h]) · Wᵀ + b) for 1 to
-    /// [`GEMV_MAX_ROWS`] rows, the partials those of [`Kernels::attention_projected`] in
-    /// x's buffer (added in head order): the M = 1 GEMV per row, bit-identical to a lone row,
-    /// at any size (so a decode step and a verify pass always share it).
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_ln_parts(
-        &self,
-        rec: &mut Recorder,
-        x: Rows,
-        m: u32,
-        norm: NormArgs,
-        parts: HeadParts,
-        w: &F16Matrix,
-        bias: Option<&Buffer>,
-        y: Rows,
-        ep: Epilogue,
-    ) -> Result<()> {
-        if m == 0 || m > GEMV_MAX_ROWS || w.k > GEMV_MERGE_MAX_K || x.stride < w.k {
-            return Err(Error::Invalid(format!("linear_ln_parts: {m} rows of width {} and stride {} (1 to {GEMV_MAX_ROWS} rows, width at most {GEMV_MERGE_MAX_K})", w.k, x.stride)));
-        }
-        parts_fit("linear_ln_parts", parts, m, w.k, x.buf)?;
-        let mut params = GemvParams::new(x, m, w.n, w.k, Some(norm), bias.is_some(), y, ep);
-        params.flags |= GEMV_FLAG_ADD_PARTS_IN;
-        params.head_parts = parts.packed()?;
-        let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
-        cost.bytes += w.k as u64 * 8 + m as u64 * parts.heads as u64 * w.k as u64 * 4;
-        let b = bias.unwrap_or(&self.zero);
-        let g = grid_1d((w.n / 2).div_ceil(GEMV_COLUMN_PAIRS));
-        rec.dispatch(&self.gemv_m1, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, norm.gamma, norm.beta, y.buf], [g[0], g[1], m], cost)
-    }
-
-    /// Whether [`Kernels::attention_projected`] takes `a` with the out projection `w`.
-    pub fn attention_projected_fits(&self, a: &AttentionArgs, w: &F16Matrix) -> bool {
-        let d = a.heads * a.head_dim;
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        a.head_dim == 64
-            && a.tq >= 1
-            && a.tq <= ATTENTION_TILED_MIN_QUERIES
-            && a.tk >= 1
-            && w.k == d
-            && w.n == d
-            && d <= ATTENTION_PROJ_MAX_D
-            && a.out.stride >= a.heads * d
-            && (n_splits == 1 || partials <= ATTENTION_PARTIALS_FLOATS)
-    }
-
-    /// The self-attention of a few query rows (a decode step, a verify pass) with its
-    /// output projection `w` (d x d, d = heads x 64) split by head: for each row and head,
-    /// the head's output times its 64 rows of `w` (head 0 adding `bias`), `heads` rows of d
-    /// floats per query row at `a.out` (row stride `a.out.stride`). The next GEMVs add them
-    /// ([`Kernels::linear_ln_parts`], [`Kernels::linear_merged`] with parts). Keys in one
-    /// split: one dispatch; more: the split kernel, then main_merge_proj. Each row's partials
-    /// are the same bits in either form and with any other rows beside it.
-    pub fn attention_projected(&self, rec: &mut Recorder, a: &AttentionArgs, w: &F16Matrix, bias: &Buffer) -> Result<()> {
-        if !self.attention_projected_fits(a, w) {
-            return Err(Error::Invalid(format!(
-                "attention_projected: {} queries x {} keys of {} heads x {} into {} x {} (head size 64, 1 to {ATTENTION_TILED_MIN_QUERIES} queries, a square projection of at most {ATTENTION_PROJ_MAX_D})",
-                a.tq, a.tk, a.heads, a.head_dim, w.k, w.n
-            )));
-        }
-        let (mut params, cost) = attention_params(a)?;
-        let d = (a.heads * a.head_dim) as u64;
-        let out_words = a.out.off as u64 + (a.tq as u64 - 1) * a.out.stride as u64 + a.heads as u64 * d;
-        if out_words * 4 > a.out.buf.size() {
-            return Err(Error::Invalid(format!("attention_projected: {out_words} floats of output in a buffer of {} bytes", a.out.buf.size())));
-        }
-        // The weights once (each row's heads re-read them from L2), the partials written.
-        let proj = Cost { bytes: w.bytes() + a.tq as u64 * a.heads as u64 * d * 4, flops: 2 * a.tq as u64 * d * d };
-        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        let chunks = (w.n / 2).div_ceil(ATTENTION_PROJ_CHUNK_PAIRS);
-        if n_splits == 1 {
-            params.direct = 2;
-            let c = Cost { bytes: cost.bytes + proj.bytes, flops: cost.flops + proj.flops };
-            let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf, &self.zero, &w.buf, bias];
-            return rec.dispatch(&self.attention_split_proj, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, chunks], c);
-        }
-        let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        let p = bytemuck::bytes_of(&params);
-        let part = &self.attention_partials;
-        let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
-        rec.dispatch(&self.attention_split, p, &[a.q.buf, a.k.buf, a.v.buf, part], [a.tq, a.heads, n_splits], split_cost)?;
-        let merge_cost = Cost { bytes: partials * 4 + proj.bytes, flops: partials * 2 + proj.flops };
-        let bufs = [part, a.k.buf, a.v.buf, a.out.buf, &self.zero, &w.buf, bias];
-        rec.dispatch(&self.attention_merge_proj, p, &bufs, [a.tq, a.heads, chunks], merge_cost)
     }
 
     /// Make room for the blocked attention's partials of `queries` queries of `heads` heads
@@ -2143,15 +1996,6 @@ fn attention_params(a: &AttentionArgs) -> Result<(AttentionParams, Cost)> {
         flops: 4 * a.tq as u64 * a.tk as u64 * hd,
     };
     Ok((params, cost))
-}
-
-/// `m` rows of head partials of width `wd` at `hp` within `buf`, or an error naming `what`.
-fn parts_fit(what: &str, hp: HeadParts, m: u32, wd: u32, buf: &Buffer) -> Result<()> {
-    let end = hp.off as u64 + m as u64 * hp.heads as u64 * wd as u64;
-    if end * 4 > buf.size() {
-        return Err(Error::Invalid(format!("{what}: {m} rows of {} head partials of {wd} at float {} past a buffer of {} bytes", hp.heads, hp.off, buf.size())));
-    }
-    Ok(())
 }
 
 /// The suppress bitmask the select kernel reads: bit id of word id/32.

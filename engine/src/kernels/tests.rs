@@ -1319,7 +1319,7 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
             causal: None,
         };
         let splits = kern.attention_unmerged(&mut rec, &args).unwrap().expect("left unmerged");
-        kern.linear_merged(&mut rec, m as u32, heads as u32, d as u32, splits, &wm, bias.then_some(&bb), Rows::new(&yb, n), ep, None)
+        kern.linear_merged(&mut rec, m as u32, heads as u32, d as u32, splits, &wm, bias.then_some(&bb), Rows::new(&yb, n), ep)
             .unwrap();
         rec.submit(None).unwrap();
         g.read_f32(&yb, 0, m * n).unwrap()
@@ -1367,10 +1367,10 @@ fn attention_merged_into_the_projection_matches_reference() {
     let w = F16Matrix::from_bits(g, "w", &vec![0u16; 8 * 64], 8, 64).unwrap();
     let y = poisoned(9 * 8);
     let ep = Epilogue::default();
-    assert!(kern.linear_merged(&mut rec, 0, 1, 64, 2, &w, None, Rows::new(&y, 8), ep, None).is_err());
-    assert!(kern.linear_merged(&mut rec, 1, 2, 64, 2, &w, None, Rows::new(&y, 8), ep, None).is_err());
-    assert!(kern.linear_merged(&mut rec, 1, 1, 64, 129, &w, None, Rows::new(&y, 8), ep, None).is_err());
-    assert!(kern.linear_merged(&mut rec, 9, 1, 64, 2, &w, None, Rows::new(&y, 8), ep, None).is_err());
+    assert!(kern.linear_merged(&mut rec, 0, 1, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
+    assert!(kern.linear_merged(&mut rec, 1, 2, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
+    assert!(kern.linear_merged(&mut rec, 1, 1, 64, 129, &w, None, Rows::new(&y, 8), ep).is_err());
+    assert!(kern.linear_merged(&mut rec, 9, 1, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
     let rw = F16Rows::from_bits(g, "rw", &[0u16; 6], 2, 3);
     assert!(rw.is_err(), "rows of an odd width cannot be packed in pairs");
     let rw = F16Rows::from_bits(g, "rw", &[0u16; 8], 2, 4).unwrap();
@@ -1382,180 +1382,6 @@ fn attention_merged_into_the_projection_matches_reference() {
     assert!(kern.attention_blocked(&mut rec, &AttentionArgs { head_dim: 32, ..blocked }).is_err());
     assert!(kern.attention_blocked(&mut rec, &AttentionArgs { causal: Some(0), ..blocked }).is_err());
     assert!(kern.attention_blocked(&mut rec, &AttentionArgs { tk: 0, ..blocked }).is_err());
-}
-
-/// What one run of the projected self-attention chain gives: the heads' partials, the
-/// cross-attention query (linear_ln_parts) and the residual after the cross-attention's out
-/// projection (linear_merged adding the partials), each [rows][..].
-struct ProjectedRun {
-    parts: Vec<f32>,
-    q: Vec<f32>,
-    x: Vec<f32>,
-}
-
-/// attention.wgsl main_split_proj / main_merge_proj, then gemv.wgsl flags 64 and 128, as a
-/// decoder layer runs them: `tq` query rows at positions p0.. of a causal cache of `heads`
-/// heads of 64, against the CPU (attention, out projection by head, LayerNorm over the
-/// residual plus the partials, the query GEMV; the cross-attention's out projection
-/// accumulated onto the residual plus the partials), every output poisoned first; then
-/// each row alone, which must give the same bits (a verify pass equals single steps, also
-/// where the pass's keys spill into a second split and the lone row's do not).
-fn run_projected(r: &mut StdRng, tq: usize, p0: usize, heads: usize) {
-    let g = gpu();
-    let kern = Kernels::load(g).unwrap();
-    let d = heads * 64;
-    let tk = p0 + tq;
-    let (d2, tk2) = (2 * d - 6, 300);
-    let cache = rand_vec(r, tk * 3 * d, 1.0);
-    let wo = f16_round(&rand_vec(r, d * d, 0.5));
-    let bo = rand_vec(r, d, 0.5);
-    let x: Vec<f32> = rand_vec(r, tq * d, 1.0).iter().map(|v| v + 2.0).collect();
-    let (gm, bt) = (rand_vec(r, d, 1.0), rand_vec(r, d, 0.5));
-    let wq = f16_round(&rand_vec(r, d2 * d, 0.5));
-    let bq = rand_vec(r, d2, 0.5);
-    let q2 = rand_vec(r, tq * d, 1.0);
-    let kv2 = rand_vec(r, tk2 * 2 * d, 1.0);
-    let wc = f16_round(&rand_vec(r, d * d, 0.5));
-    let bc = rand_vec(r, d, 0.5);
-    let cache_b = g.upload_f32("cache", &cache).unwrap();
-    let wo_m = F16Matrix::from_bits(g, "wo", &f16_bits(&wo), d, d).unwrap();
-    let bo_b = g.upload_f32("bo", &bo).unwrap();
-    let gm_b = g.upload_f32("gamma", &gm).unwrap();
-    let bt_b = g.upload_f32("beta", &bt).unwrap();
-    let wq_m = F16Matrix::from_bits(g, "wq", &f16_bits(&wq), d2, d).unwrap();
-    let bq_b = g.upload_f32("bq", &bq).unwrap();
-    let q2_b = g.upload_f32("q2", &q2).unwrap();
-    let kv2_b = g.upload_f32("kv2", &kv2).unwrap();
-    let wc_m = F16Matrix::from_bits(g, "wc", &f16_bits(&wc), d, d).unwrap();
-    let bc_b = g.upload_f32("bc", &bc).unwrap();
-    // The residual rows, then room for 8 rows of partials (as the decoder's `dec_x`).
-    let off = (GEMV_MAX_ROWS as usize * d).next_multiple_of(256);
-    let hp = HeadParts { off: off as u32, heads: heads as u32 };
-    let run = |rows: std::ops::Range<usize>| -> ProjectedRun {
-        let m = rows.len();
-        let xb = poisoned(off + GEMV_MAX_ROWS as usize * heads * d);
-        g.write(&xb, 0, bytemuck::cast_slice(&x[rows.start * d..rows.end * d]));
-        let qb = poisoned(m * d2);
-        let mut rec = g.recorder();
-        let s3 = 3 * d;
-        let pos = p0 + rows.start;
-        let args = AttentionArgs {
-            q: Rows::at(&cache_b, pos * s3, s3),
-            k: Rows::at(&cache_b, d, s3),
-            v: Rows::at(&cache_b, 2 * d, s3),
-            out: Rows::at(&xb, off, heads * d),
-            tq: m as u32,
-            tk: (pos + m) as u32,
-            heads: heads as u32,
-            head_dim: 64,
-            causal: Some(pos as u32),
-        };
-        kern.attention_projected(&mut rec, &args, &wo_m, &bo_b).unwrap();
-        let norm = NormArgs { gamma: &gm_b, beta: &bt_b, eps: 1e-5 };
-        kern.linear_ln_parts(&mut rec, Rows::new(&xb, d), m as u32, norm, hp, &wq_m, Some(&bq_b), Rows::new(&qb, d2), Epilogue::default())
-            .unwrap();
-        let cross = AttentionArgs {
-            q: Rows::at(&q2_b, rows.start * d, d),
-            k: Rows::at(&kv2_b, 0, 2 * d),
-            v: Rows::at(&kv2_b, d, 2 * d),
-            out: Rows::new(&qb, d),
-            tq: m as u32,
-            tk: tk2 as u32,
-            heads: heads as u32,
-            head_dim: 64,
-            causal: None,
-        };
-        let splits = kern.attention_unmerged(&mut rec, &cross).unwrap().expect("left unmerged");
-        let acc = Epilogue { gelu: false, accumulate: true };
-        kern.linear_merged(&mut rec, m as u32, heads as u32, 64, splits, &wc_m, Some(&bc_b), Rows::new(&xb, d), acc, Some(hp)).unwrap();
-        rec.submit(None).unwrap();
-        ProjectedRun {
-            parts: g.read_f32(&xb, off as u64, m * heads * d).unwrap(),
-            q: g.read_f32(&qb, 0, m * d2).unwrap(),
-            x: g.read_f32(&xb, 0, m * d).unwrap(),
-        }
-    };
-    let got = run(0..tq);
-    // The CPU: queries at rows p0.. of the cache, keys and values its first tk rows.
-    let col = |c0: usize, rows: usize| -> Vec<f32> { (0..rows).flat_map(|j| cache[j * 3 * d + c0..j * 3 * d + c0 + d].to_vec()).collect() };
-    let q: Vec<f32> = col(0, tk)[p0 * d..].to_vec();
-    let att = ops::attention(&q, &col(d, tk), &col(2 * d, tk), tq, tk, heads, 64, Some(p0));
-    let mut parts = vec![0.0f32; tq * heads * d];
-    for i in 0..tq {
-        for h in 0..heads {
-            for n in 0..d {
-                let mut v = if h == 0 { bo[n] } else { 0.0 };
-                for c in 0..64 {
-                    v += att[i * d + h * 64 + c] * wo[n * d + h * 64 + c];
-                }
-                parts[(i * heads + h) * d + n] = v;
-            }
-        }
-    }
-    let e = rel_err(&got.parts, &parts);
-    assert!(e < 1e-5, "projected attention tq={tq} p0={p0} heads={heads}: partials rel err {e}");
-    let resid: Vec<f32> = (0..tq * d).map(|at| x[at] + (0..heads).map(|h| parts[((at / d) * heads + h) * d + at % d]).sum::<f32>()).collect();
-    let xn = ops::layer_norm(&resid, tq, d, &gm, &bt, 1e-5);
-    let want_q = ops::linear(&xn, tq, d, &wq, d2, Some(&bq[..]));
-    let e = rel_err(&got.q, &want_q);
-    assert!(e < 1e-5, "linear_ln_parts tq={tq} p0={p0} heads={heads}: rel err {e}");
-    let att2 = ops::attention(&q2, &(0..tk2).flat_map(|j| kv2[j * 2 * d..j * 2 * d + d].to_vec()).collect::<Vec<_>>(),
-        &(0..tk2).flat_map(|j| kv2[j * 2 * d + d..(j + 1) * 2 * d].to_vec()).collect::<Vec<_>>(), tq, tk2, heads, 64, None);
-    let mut want_x = ops::linear(&att2, tq, d, &wc, d, Some(&bc[..]));
-    epilogue_ref(&mut want_x, false, true, &resid);
-    let e = rel_err(&got.x, &want_x);
-    assert!(e < 1e-5, "linear_merged with partials tq={tq} p0={p0} heads={heads}: rel err {e}");
-    let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(u, v)| u.to_bits() == v.to_bits());
-    for i in 0..tq {
-        let lone = run(i..i + 1);
-        assert!(bits(&lone.parts, &got.parts[i * heads * d..(i + 1) * heads * d]), "row {i} of {tq} at p0={p0}: partials differ alone");
-        assert!(bits(&lone.q, &got.q[i * d2..(i + 1) * d2]), "row {i} of {tq} at p0={p0}: query differs alone");
-        assert!(bits(&lone.x, &got.x[i * d..(i + 1) * d]), "row {i} of {tq} at p0={p0}: residual differs alone");
-    }
-}
-
-#[test]
-fn self_attention_projected_by_head_matches_reference_and_lone_rows() {
-    let mut r = rng("self_attention_projected");
-    run_projected(&mut r, 1, 40, 6);
-    run_projected(&mut r, 8, 100, 6);
-    // 259 keys: the first two rows' keys fit one split (alone: main_split_proj), the pass
-    // takes two splits and main_merge_proj.
-    run_projected(&mut r, 5, 254, 3);
-    run_projected(&mut r, 2, 400, 2);
-    // More than eight heads: the partials' adds in two groups of loads (small.en's 12).
-    run_projected(&mut r, 3, 17, 12);
-    // More than sixteen (large-v3's 20): linear_merged adds the rest after its first 16.
-    run_projected(&mut r, 1, 3, 20);
-    // Shapes it cannot take are errors, not wrong outputs.
-    let g = gpu();
-    let kern = Kernels::load(g).unwrap();
-    let buf = poisoned(4096);
-    let w = F16Matrix::from_bits(g, "w", &vec![0u16; 128 * 128], 128, 128).unwrap();
-    let mut rec = g.recorder();
-    let args = AttentionArgs {
-        q: Rows::new(&buf, 128),
-        k: Rows::new(&buf, 128),
-        v: Rows::new(&buf, 128),
-        out: Rows::new(&buf, 256),
-        tq: 1,
-        tk: 10,
-        heads: 2,
-        head_dim: 64,
-        causal: Some(9),
-    };
-    assert!(kern.attention_projected_fits(&args, &w));
-    assert!(kern.attention_projected(&mut rec, &AttentionArgs { heads: 4, head_dim: 32, ..args }, &w, &buf).is_err());
-    assert!(kern.attention_projected(&mut rec, &AttentionArgs { tq: 9, ..args }, &w, &buf).is_err());
-    assert!(kern.attention_projected(&mut rec, &AttentionArgs { out: Rows::new(&buf, 128), ..args }, &w, &buf).is_err());
-    assert!(kern.attention_projected(&mut rec, &AttentionArgs { out: Rows::at(&buf, 4000, 256), ..args }, &w, &buf).is_err());
-    let norm = NormArgs { gamma: &buf, beta: &buf, eps: 1e-5 };
-    let hp = HeadParts { off: 256, heads: 2 };
-    let ep = Epilogue::default();
-    assert!(kern.linear_ln_parts(&mut rec, Rows::new(&buf, 128), 1, norm, HeadParts { off: 100, ..hp }, &w, None, Rows::new(&buf, 128), ep).is_err());
-    assert!(kern.linear_ln_parts(&mut rec, Rows::new(&buf, 128), 1, norm, HeadParts { off: 4096, ..hp }, &w, None, Rows::new(&buf, 128), ep).is_err());
-    assert!(kern.linear_ln_parts(&mut rec, Rows::new(&buf, 128), 9, norm, hp, &w, None, Rows::new(&buf, 128), ep).is_err());
-    assert!(kern.linear_merged(&mut rec, 1, 2, 64, 2, &w, None, Rows::new(&buf, 128), ep, Some(hp)).is_err(), "partials without the residual");
 }
 
 #[test]

@@ -35,8 +35,8 @@ use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
 use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
-    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, HeadParts, Kernels, NormArgs, QMatrix,
-    Rows, SelectParams, GEMV_MAX_ROWS, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
+    scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
+    Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
 };
 use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::{Error, Result};
@@ -421,14 +421,6 @@ fn steps_gated() -> bool {
     *GATED.get_or_init(|| std::env::var("VERBATIM_GATED_STEPS").map_or(true, |v| v != "0"))
 }
 
-/// Where a decode step's or verify pass's self-attention leaves its output projection's head
-/// partials ([`Kernels::attention_projected`]): in the residual's buffer (`dec_x`) after
-/// its text_ctx rows, so that the GEMVs that add them read them through the residual's
-/// binding.
-fn self_parts(dims: &Dims) -> HeadParts {
-    HeadParts { off: (dims.text_ctx * dims.d_model).next_multiple_of(256) as u32, heads: dims.n_heads as u32 }
-}
-
 fn ln(n: &Norm) -> NormArgs<'_> {
     NormArgs { gamma: &n.gamma, beta: &n.beta, eps: LN_EPS }
 }
@@ -630,8 +622,7 @@ impl GpuWhisper {
             enc_attn: g.buffer("encoder attention", f32s(a * d))?,
             // Holds conv1's output [2·audio_ctx][d] too.
             enc_h: g.buffer("encoder hidden", f32s((a * f).max(2 * a * d)))?,
-            // The residual rows, then the self-attention's head partials (`self_parts`).
-            dec_x: g.buffer("decoder x", f32s(self_parts(&dims).off as usize + GEMV_MAX_ROWS as usize * d * dims.n_heads))?,
+            dec_x: g.buffer("decoder x", f32s(t * d))?,
             dec_xn: g.buffer("decoder x normed", f32s(t * d))?,
             dec_q: g.buffer("decoder cross q", f32s(t * d))?,
             dec_attn: g.buffer("decoder attention", f32s(t * d))?,
@@ -1161,12 +1152,30 @@ impl GpuWhisper {
         // Per layer: the LayerNorms are folded into the GEMVs that read them (for a few rows;
         // more rows of f16 weights go through the LayerNorm kernel into `dec_xn` and the
         // tiled GEMM).
-        let parts = self_parts(dims);
         for l in layers {
             let qkv = Rows::at(l.qkv_cache, pos0 * s3, s3);
             rec.part("self_qkv");
             lin(rec, x, Some(l.self_norm), l.qkv, qkv, plain)?;
+            rec.part("self_attention");
+            k.attention(
+                rec,
+                &AttentionArgs {
+                    q: qkv,
+                    k: Rows::at(l.qkv_cache, d, s3),
+                    v: Rows::at(l.qkv_cache, 2 * d, s3),
+                    out: Rows::new(b.dec_attn, d),
+                    tq: m,
+                    tk: p0 + m,
+                    heads,
+                    head_dim: hd,
+                    causal: Some(p0),
+                },
+            )?;
+            rec.part("self_out");
+            lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
             let q = Rows::new(b.dec_q, d);
+            rec.part("cross_q");
+            lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?;
             let cross = AttentionArgs {
                 q,
                 k: Rows::at(l.enc_kv, l.kv_off, l.kv_stride),
@@ -1178,49 +1187,6 @@ impl GpuWhisper {
                 head_dim: hd,
                 causal: None,
             };
-            let self_args = AttentionArgs {
-                q: qkv,
-                k: Rows::at(l.qkv_cache, d, s3),
-                v: Rows::at(l.qkv_cache, 2 * d, s3),
-                out: Rows::new(b.dec_attn, d),
-                tq: m,
-                tk: p0 + m,
-                heads,
-                head_dim: hd,
-                causal: Some(p0),
-            };
-            // A decode step's or verify pass's rows over f16 weights: the self-attention
-            // projects its heads' outputs itself and the cross-attention's query and out
-            // projection add them to the residual (one dependent dispatch less a layer).
-            // Decode steps and verify passes decide alike, so their rows keep equal bits.
-            let fused = match (l.self_out.w, l.cross_q.w, l.cross_out.w) {
-                (WRef::F16(wo), WRef::F16(_), WRef::F16(_))
-                    if k.self_out_fused
-                        && (m == 1 || per_row)
-                        && k.attention_projected_fits(&AttentionArgs { out: Rows::at(b.dec_x, parts.off as usize, heads as usize * d), ..self_args }, wo)
-                        && k.attention_unmerged_fits(&cross) =>
-                {
-                    Some(wo)
-                }
-                _ => None,
-            };
-            rec.part("self_attention");
-            match fused {
-                Some(wo) => {
-                    let out = Rows::at(b.dec_x, parts.off as usize, heads as usize * d);
-                    k.attention_projected(rec, &AttentionArgs { out, ..self_args }, wo, l.self_out.b)?;
-                }
-                None => {
-                    k.attention(rec, &self_args)?;
-                    rec.part("self_out");
-                    lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
-                }
-            }
-            rec.part("cross_q");
-            match (fused, l.cross_q.w) {
-                (Some(_), WRef::F16(wq)) => k.linear_ln_parts(rec, x, m, ln(l.cross_norm), parts, wq, Some(l.cross_q.b), q, plain)?,
-                _ => lin(rec, x, Some(l.cross_norm), l.cross_q, q, plain)?,
-            }
             // f16 weights: the output projection merges the attention's key splits itself
             // (one dispatch less); quantized ones take the merged output.
             rec.part("cross_attention");
@@ -1233,10 +1199,7 @@ impl GpuWhisper {
             };
             rec.part("cross_out");
             match (merged, l.cross_out.w) {
-                (Some(splits), WRef::F16(w)) => {
-                    k.linear_merged(rec, m, heads, hd, splits, w, Some(l.cross_out.b), x, acc, fused.map(|_| parts))?
-                }
-                _ if fused.is_some() => return Err(Error::Invalid("cross-attention left merged beside a projected self-attention".into())),
+                (Some(splits), WRef::F16(w)) => k.linear_merged(rec, m, heads, hd, splits, w, Some(l.cross_out.b), x, acc)?,
                 _ => lin(rec, Rows::new(b.dec_attn, d), None, l.cross_out, x, acc)?,
             }
             // A decode step's row or a verify pass's rows over f16 weights: fc1 and fc2 as
