@@ -1985,6 +1985,40 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
         rows.push(row);
     }
 
+    // The logits' kernel (gemv_rows without the LayerNorm, as shipped: the final norm is a
+    // dispatch of its own) on a table that is not hot: copies totalling >= 256 MiB in turn,
+    // each dispatch reading HBM as a decode step's logits mostly do (the step's layers and
+    // cross K/V pass through L2 between two steps' reads of the 40 MB table); and its
+    // 4-group form. Against the hot row above: what the table's trip costs the logits.
+    let groups_line = "const GROUPS: u32 = 8u;";
+    for (name, groups) in [("rows.hbm", 8u32), ("rows.g4.hbm", 4)] {
+        let to = format!("const GROUPS: u32 = {groups}u;");
+        let code = engine::kernels::rewrite_source(name, engine::kernels::GEMV_ROWS_SOURCE, &[(groups_line, to.as_str())])?;
+        assert!(code.contains(&to), "{name}: the rewrite did not apply");
+        let kernel = gpu.kernel_entry(static_name(&format!("lab.decode.{name}")), &code, "main", &[r, r, r, r, r, Access::ReadWrite])?;
+        let g = grid(n.div_ceil(4 * groups) as u64);
+        let copies = (256u64 << 20).div_ceil(wbytes).clamp(2, 1024);
+        let mut row = Row::new(
+            Section::Gemv,
+            name,
+            &format!("rows ({groups} groups of 32 threads) over {copies} copies of the matrix in turn ({} MiB), dependent", copies * wbytes >> 20),
+        );
+        row.bytes = Some(wbytes + k as u64 * 4 + n as u64 * 4);
+        eprintln!("  {name}");
+        let ws = weight_copies(copies)?;
+        let binds: Vec<wgpu::BindGroup> = ws.iter().map(|w| lab.bind(&kernel, &params, &[&xb, w, &zero, &zero, &zero, &ys[0]])).collect();
+        gpu.fill_u32(&ys[0], 0x7fc0_0000);
+        lab.run_once(&kernel, &binds[binds.len() - 1], g)?;
+        let rel = rel_to(&gpu.read_f32(&ys[0], 0, nu)?, &refs[1][0]);
+        if !rel.is_finite() || rel > REL_BOUND {
+            row.check = format!("WRONG rel {rel:.1e}");
+        } else {
+            row.check = format!("ok {rel:.0e}");
+            row.dep = Some(lab.time(&kernel, &binds, g, copies as u32)?);
+        }
+        rows.push(row);
+    }
+
     // A chain that changes kernel at every dispatch, as a decode step does (each of its
     // dispatches runs other code than the one before): four LayerNorm variants of main_m1
     // (the same loads and products, other instructions) in turn over the cold copies,
