@@ -1989,8 +1989,8 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     // dispatch of its own) on a table that is not hot: copies totalling >= 256 MiB in turn,
     // each dispatch reading HBM as a decode step's logits mostly do (the step's layers and
     // cross K/V pass through L2 between two steps' reads of the 40 MB table); and its
-    // 4-group form. Against the hot row above: what the table's trip costs the logits.
-    let groups_line = "const GROUPS: u32 = 8u;";
+    // 4-group form (the rewrite of the rows.g* rows above). Against the hot row above: what
+    // the table's trip costs the logits.
     for (name, groups) in [("rows.hbm", 8u32), ("rows.g4.hbm", 4)] {
         let to = format!("const GROUPS: u32 = {groups}u;");
         let code = engine::kernels::rewrite_source(name, engine::kernels::GEMV_ROWS_SOURCE, &[(groups_line, to.as_str())])?;
