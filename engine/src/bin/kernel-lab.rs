@@ -1989,12 +1989,17 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     // dispatch of its own) on a table that is not hot: copies totalling >= 256 MiB in turn,
     // each dispatch reading HBM as a decode step's logits mostly do (the step's layers and
     // cross K/V pass through L2 between two steps' reads of the 40 MB table); and its
-    // 4-group form (the rewrite of the rows.g* rows above). Against the hot row above: what
-    // the table's trip costs the logits.
+    // 4-group form (the rewrite of the rows.g* rows above; the 8-group row is the shipped
+    // source). Against the hot row above: what the table's trip costs the logits.
     for (name, groups) in [("rows.hbm", 8u32), ("rows.g4.hbm", 4)] {
-        let to = format!("const GROUPS: u32 = {groups}u;");
-        let code = engine::kernels::rewrite_source(name, engine::kernels::GEMV_ROWS_SOURCE, &[(groups_line, to.as_str())])?;
-        assert!(code.contains(&to), "{name}: the rewrite did not apply");
+        let code = if groups == 8 {
+            engine::kernels::GEMV_ROWS_SOURCE.to_string()
+        } else {
+            let to = format!("const GROUPS: u32 = {groups}u;");
+            let code = engine::kernels::rewrite_source(name, engine::kernels::GEMV_ROWS_SOURCE, &[(groups_line, to.as_str())])?;
+            assert!(code.contains(&to), "{name}: the rewrite did not apply");
+            code
+        };
         let kernel = gpu.kernel_entry(static_name(&format!("lab.decode.{name}")), &code, "main", &[r, r, r, r, r, Access::ReadWrite])?;
         let g = grid(n.div_ceil(4 * groups) as u64);
         let copies = (256u64 << 20).div_ceil(wbytes).clamp(2, 1024);
