@@ -86,6 +86,13 @@ pub struct Args {
     /// The decoder's weights in q8_0 or q4_0 (default f16).
     #[arg(long, value_name = "FORMAT", value_parser = |s: &str| s.parse::<BlockFormat>().map_err(|e| e.to_string()))]
     quant: Option<BlockFormat>,
+
+    /// Also print the driver's compiler statistics of every kernel the run compiled
+    /// (registers, shared memory, spills: Vulkan's VK_KHR_pipeline_executable_properties),
+    /// and write the driver's text representations of each kernel, where it gives any, into
+    /// DIR.
+    #[arg(long, value_name = "DIR")]
+    pipeline_stats: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -171,7 +178,10 @@ fn specials(dir: &Path, vocab: u32, synthetic: bool) -> Result<(u32, u32, u32), 
 
 fn bench(args: &Args) -> Result<(), String> {
     let batches = args.batches.max(1);
-    let gpu = Arc::new(Gpu::new(&GpuOptions { profile: true, ..Default::default() }).map_err(|e| e.to_string())?);
+    let gpu = Arc::new(
+        Gpu::new(&GpuOptions { profile: true, pipeline_stats: args.pipeline_stats.is_some(), ..Default::default() })
+            .map_err(|e| e.to_string())?,
+    );
     gpu.pause_profiling(true);
     println!(
         "adapter: {} ({}, {}); encoder GEMMs on {}; shader runtime checks {}",
@@ -584,6 +594,57 @@ fn bench(args: &Args) -> Result<(), String> {
     }
     println!();
     kernel_table(&profile, copy_gbs, prof_steps, prof_passes, verify_tokens.len());
+    if let Some(dir) = &args.pipeline_stats {
+        pipeline_stats_table(&gpu, dir)?;
+    }
+    Ok(())
+}
+
+/// The driver's compiler statistics of every kernel compiled in this run, one row a kernel
+/// and one column a statistic (as the driver names them), and its text representations
+/// written to `dir` as `<kernel>.<entry>.<n>.txt`.
+fn pipeline_stats_table(gpu: &Gpu, dir: &Path) -> Result<(), String> {
+    let reports = gpu.pipeline_stats().map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let mut columns: Vec<String> = Vec::new();
+    for r in &reports {
+        for e in &r.executables {
+            for s in &e.statistics {
+                if !columns.contains(&s.name) {
+                    columns.push(s.name.clone());
+                }
+            }
+        }
+    }
+    println!();
+    println!("Compiler statistics ({} kernels, the driver's names):", reports.len());
+    println!();
+    println!("| kernel | entry | subgroup | {} |", columns.join(" | "));
+    println!("|---|---|---:|{}", "---:|".repeat(columns.len()));
+    let mut files = 0;
+    for r in &reports {
+        for (i, e) in r.executables.iter().enumerate() {
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|c| e.statistics.iter().find(|s| &s.name == c).map(|s| s.value.clone()).unwrap_or_default())
+                .collect();
+            println!("| {} | {} | {} | {} |", r.kernel, r.entry, e.subgroup_size, cells.join(" | "));
+            for (j, (name, text)) in e.representations.iter().enumerate() {
+                let safe = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect::<String>();
+                let path = dir.join(format!("{}.{}.{i}.{j}.{}.txt", safe(r.kernel), safe(&r.entry), safe(name)));
+                std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                files += 1;
+            }
+        }
+    }
+    if let Some(r) = reports.iter().find_map(|r| r.executables.first()) {
+        println!();
+        for s in &r.statistics {
+            println!("- {}: {}", s.name, s.description);
+        }
+    }
+    println!();
+    println!("{files} text representations written to {}", dir.display());
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! every submit / readback checks it, so a failure becomes an [`Error`] value at the next
 //! call instead of a panic in a callback.
 
+pub mod pipeline_stats;
 mod recorder;
 pub mod warm_up;
 
@@ -24,6 +25,11 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Resolve per-dispatch GPU times with timestamp queries when the adapter offers them.
     pub profile: bool,
+    /// Open the device with the driver's compiler statistics (Vulkan's
+    /// `VK_KHR_pipeline_executable_properties`) and keep every kernel's source, so that
+    /// [`Gpu::pipeline_stats`] can report registers, shared memory and spills per kernel.
+    /// An error where the driver does not offer them.
+    pub pipeline_stats: bool,
 }
 
 /// The kinds of binding a kernel declares, in binding order (binding 0 is always the
@@ -90,6 +96,8 @@ pub struct Gpu {
     /// Timestamps off for a while on a profiling device (`verbatim bench` times the same
     /// work with and without them).
     profiling_paused: std::sync::atomic::AtomicBool,
+    /// Every kernel compiled, kept where the device was opened with compiler statistics.
+    sources: Option<Mutex<Vec<pipeline_stats::KernelSource>>>,
 }
 
 fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
@@ -224,9 +232,18 @@ impl Gpu {
         let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
         let wanted = opts.adapter.clone().or_else(|| std::env::var("VERBATIM_ADAPTER").ok());
         let adapter = choose_adapter(adapters, wanted.as_deref())?;
-        let (device, queue) = pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
-            .map_err(|e| Error::NoAdapter(format!("{} refused a device: {e}", adapter.get_info().name)))?;
-        Ok(Gpu::from_parts(device, queue, &adapter, opts.profile))
+        let desc = device_descriptor(&adapter);
+        let (device, queue) = if opts.pipeline_stats {
+            pipeline_stats::open_device(&adapter, &desc)?
+        } else {
+            pollster::block_on(adapter.request_device(&desc))
+                .map_err(|e| Error::NoAdapter(format!("{} refused a device: {e}", adapter.get_info().name)))?
+        };
+        let mut gpu = Gpu::from_parts(device, queue, &adapter, opts.profile);
+        if opts.pipeline_stats {
+            gpu.sources = Some(Mutex::new(Vec::new()));
+        }
+        Ok(gpu)
     }
 
     /// Use a device someone else created (the window's, from eframe's render state).
@@ -276,6 +293,7 @@ impl Gpu {
             kernels: Mutex::new(HashMap::new()),
             arena_pool: Mutex::new(Vec::new()),
             profiling_paused: std::sync::atomic::AtomicBool::new(false),
+            sources: None,
         }
     }
 
@@ -384,7 +402,27 @@ impl Gpu {
         }
         let k = Arc::new(Kernel { name, pipeline, layout, bindings: bindings.to_vec() });
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(name, k.clone());
+        if let Some(s) = &self.sources {
+            s.lock().unwrap_or_else(|p| p.into_inner()).push(pipeline_stats::KernelSource {
+                name,
+                source: source.to_string(),
+                entry: entry.to_string(),
+                bindings: bindings.to_vec(),
+                immediate_size,
+            });
+        }
         Ok(k)
+    }
+
+    /// The driver's compiler statistics (registers, shared memory, spills: whatever it
+    /// reports) of every kernel compiled so far, in compile order. Needs a device opened with
+    /// `GpuOptions::pipeline_stats`.
+    pub fn pipeline_stats(&self) -> Result<Vec<pipeline_stats::KernelReport>> {
+        let Some(sources) = &self.sources else {
+            return Err(Error::Unsupported("the device was not opened with compiler statistics (GpuOptions::pipeline_stats)".into()));
+        };
+        let sources = sources.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        sources.iter().map(|s| pipeline_stats::report(&self.device, s, self.info.shader_checks)).collect()
     }
 
     /// A storage buffer of `size` bytes (at least 4), zero-initialised by wgpu.

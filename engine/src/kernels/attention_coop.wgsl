@@ -269,3 +269,155 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         part[oc + 12u] = o7.x; part[oc + 13u] = o7.y; part[oc + 14u] = o7.z; part[oc + 15u] = o7.w;
     }
 }
+
+// Fragment d (dims 16 d ..) of this subgroup's 16 queries from one plane (hi at qb, lo at
+// plane4 + qb), read from memory where it is used (main_lean; L1 after the first block).
+fn q_frag(qb: u32, d: u32) -> coop_mat16x16<f16, A> {
+    return coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 4u * d], 16u);
+}
+
+// `main` with fewer registers live at once (OD = 32 only), the same products in the same
+// order (the same bits). The driver's statistics (`verbatim bench --pipeline-stats`, H200)
+// gave `main` 212 registers a thread: 128 threads x 212 is two workgroups an SM, 8 warps to
+// hide every phase's latency. Here (1) the Q fragments are read from memory in the Q·K phase
+// instead of held in 32 registers through the whole block, and (2) P·V is done a 32-dim
+// round at a time, so four of its eight 16x16 accumulators are live instead of eight (P's
+// fragments are read twice from workgroup memory instead). 4 x 32 only (NSG = 4, OD = 32:
+// kernels/mod.rs builds no other shape of it).
+@compute @workgroup_size(128, 1, 1)
+fn main_lean(@builtin(workgroup_id) wg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32,
+             @builtin(subgroup_id) sg: u32,
+             @builtin(subgroup_invocation_id) lane: u32) {
+    let h = wg.y / p.n_splits;
+    let split = wg.y % p.n_splits;
+    let q0 = wg.x * QW + sg * 16u;
+    let plane4 = p.heads * p.t_pad * 16u;
+    let hb4 = h * p.t_pad * 16u;
+    let qb = hb4 + q0 * 16u;
+    let j_begin = split * p.split_keys;
+    let j_end = min(p.tk, j_begin + p.split_keys);
+    let r = lane / 2u;
+    let half_ = lane % 2u;
+    let sb = sg * 16u * SS;
+    let pb = sg * 16u * PS;
+    let rb = sb + r * SS;
+    let prow = pb + r * PS + half_ * 16u;
+    var m = NEG;
+    var l = 0.0;
+    var o0 = vec4<f32>(0.0);
+    var o1 = vec4<f32>(0.0);
+    var o2 = vec4<f32>(0.0);
+    var o3 = vec4<f32>(0.0);
+    var o4 = vec4<f32>(0.0);
+    var o5 = vec4<f32>(0.0);
+    var o6 = vec4<f32>(0.0);
+    var o7 = vec4<f32>(0.0);
+    if (j_begin < j_end) {
+        stage(j_begin, hb4, plane4, lid);
+    }
+    workgroupBarrier();
+    for (var j0 = j_begin; j0 < j_end; j0 += BK) {
+        for (var t = 0u; t < BK; t += 16u) {
+            var sh = coop_mat16x16<f32, C>();
+            var sl = coop_mat16x16<f32, C>();
+            qk(&sh, &sl, q_frag(qb, 0u), q_frag(plane4 + qb, 0u), t, 0u);
+            qk(&sh, &sl, q_frag(qb, 1u), q_frag(plane4 + qb, 1u), t, 1u);
+            qk(&sh, &sl, q_frag(qb, 2u), q_frag(plane4 + qb, 2u), t, 2u);
+            qk(&sh, &sl, q_frag(qb, 3u), q_frag(plane4 + qb, 3u), t, 3u);
+            coopStoreT(joined(sh, sl), &scores[sb + t], SS);
+        }
+        workgroupBarrier();
+        let jb = j0 + half_ * 16u;
+        let sr = rb + half_ * 16u;
+        let lim = vec4<u32>(j_end);
+        let k0 = vec4<u32>(jb) + vec4<u32>(0u, 1u, 2u, 3u);
+        let in0 = k0 < lim;
+        let in1 = k0 + vec4<u32>(4u) < lim;
+        let in2 = k0 + vec4<u32>(8u) < lim;
+        let in3 = k0 + vec4<u32>(12u) < lim;
+        let v0 = select(vec4<f32>(NEG), s4(sr), in0);
+        let v1 = select(vec4<f32>(NEG), s4(sr + 4u), in1);
+        let v2 = select(vec4<f32>(NEG), s4(sr + 8u), in2);
+        let v3 = select(vec4<f32>(NEG), s4(sr + 12u), in3);
+        let mx = max(max(v0, v1), max(v2, v3));
+        var bm = max(max(mx.x, mx.y), max(mx.z, mx.w));
+        bm = max(bm, subgroupShuffleXor(bm, 1u));
+        let mn = max(m, bm);
+        let alpha = exp(m - mn);
+        m = mn;
+        let e0 = select(vec4<f32>(0.0), exp(v0 - vec4<f32>(mn)), in0);
+        let e1 = select(vec4<f32>(0.0), exp(v1 - vec4<f32>(mn)), in1);
+        let e2 = select(vec4<f32>(0.0), exp(v2 - vec4<f32>(mn)), in2);
+        let e3 = select(vec4<f32>(0.0), exp(v3 - vec4<f32>(mn)), in3);
+        let es = (e0 + e1) + (e2 + e3);
+        l = l * alpha + ((es.x + es.y) + (es.z + es.w));
+        put_p4(e0, prow);
+        put_p4(e1, prow + 4u);
+        put_p4(e2, prow + 8u);
+        put_p4(e3, prow + 12u);
+        workgroupBarrier();
+        // Dims 0..31: lane half h adds dims 16 h .. 16 h + 15.
+        var oh0 = coop_mat16x16<f32, C>();
+        var oh1 = coop_mat16x16<f32, C>();
+        var ol0 = coop_mat16x16<f32, C>();
+        var ol1 = coop_mat16x16<f32, C>();
+        for (var t = 0u; t < BK; t += 16u) {
+            let ah = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[pb + t], PS);
+            let al = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[pb + t], PS);
+            pv(&oh0, &ol0, ah, al, t, 0u);
+            pv(&oh1, &ol1, ah, al, t, 1u);
+        }
+        coopStoreT(joined(oh0, ol0), &scores[sb], SS);
+        coopStoreT(joined(oh1, ol1), &scores[sb + 16u], SS);
+        workgroupBarrier();
+        let ob = rb + half_ * 16u;
+        o0 = fma(o0, vec4<f32>(alpha), s4(ob));
+        o1 = fma(o1, vec4<f32>(alpha), s4(ob + 4u));
+        o2 = fma(o2, vec4<f32>(alpha), s4(ob + 8u));
+        o3 = fma(o3, vec4<f32>(alpha), s4(ob + 12u));
+        // Dims 32..63 (products first; the barrier then orders the tile's reuse).
+        var oh2 = coop_mat16x16<f32, C>();
+        var oh3 = coop_mat16x16<f32, C>();
+        var ol2 = coop_mat16x16<f32, C>();
+        var ol3 = coop_mat16x16<f32, C>();
+        for (var t = 0u; t < BK; t += 16u) {
+            let ah = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[pb + t], PS);
+            let al = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[pb + t], PS);
+            pv(&oh2, &ol2, ah, al, t, 2u);
+            pv(&oh3, &ol3, ah, al, t, 3u);
+        }
+        workgroupBarrier();
+        coopStoreT(joined(oh2, ol2), &scores[sb], SS);
+        coopStoreT(joined(oh3, ol3), &scores[sb + 16u], SS);
+        workgroupBarrier();
+        o4 = fma(o4, vec4<f32>(alpha), s4(ob));
+        o5 = fma(o5, vec4<f32>(alpha), s4(ob + 4u));
+        o6 = fma(o6, vec4<f32>(alpha), s4(ob + 8u));
+        o7 = fma(o7, vec4<f32>(alpha), s4(ob + 12u));
+        // (every K|V read of this block is behind the barrier above)
+        if (j0 + BK < j_end) {
+            stage(j0 + BK, hb4, plane4, lid);
+        }
+        workgroupBarrier();
+    }
+    let lt = l + subgroupShuffleXor(l, 1u);
+    let qi = q0 + r;
+    if (qi < p.tq) {
+        let b = ((qi * p.heads + h) * p.n_splits + split) * 66u;
+        if (half_ == 0u) {
+            part[b] = m;
+            part[b + 1u] = lt;
+        }
+        let ob = b + 2u + half_ * 16u;
+        part[ob] = o0.x; part[ob + 1u] = o0.y; part[ob + 2u] = o0.z; part[ob + 3u] = o0.w;
+        part[ob + 4u] = o1.x; part[ob + 5u] = o1.y; part[ob + 6u] = o1.z; part[ob + 7u] = o1.w;
+        part[ob + 8u] = o2.x; part[ob + 9u] = o2.y; part[ob + 10u] = o2.z; part[ob + 11u] = o2.w;
+        part[ob + 12u] = o3.x; part[ob + 13u] = o3.y; part[ob + 14u] = o3.z; part[ob + 15u] = o3.w;
+        let oc = b + 2u + 32u + half_ * 16u;
+        part[oc] = o4.x; part[oc + 1u] = o4.y; part[oc + 2u] = o4.z; part[oc + 3u] = o4.w;
+        part[oc + 4u] = o5.x; part[oc + 5u] = o5.y; part[oc + 6u] = o5.z; part[oc + 7u] = o5.w;
+        part[oc + 8u] = o6.x; part[oc + 9u] = o6.y; part[oc + 10u] = o6.z; part[oc + 11u] = o6.w;
+        part[oc + 12u] = o7.x; part[oc + 13u] = o7.y; part[oc + 14u] = o7.z; part[oc + 15u] = o7.w;
+    }
+}

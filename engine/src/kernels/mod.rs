@@ -214,6 +214,12 @@ const ATTENTION_COOP_SPLIT_KEYS: u32 = 384;
 /// multiple of it).
 pub const ATTENTION_COOP_QUERIES: u32 = 64;
 
+/// Whether the encoder's attention takes attention_coop.wgsl's `main_lean` (fewer registers
+/// live, the same bits) rather than `main`: `VERBATIM_ATTENTION_COOP_LEAN=0|1`.
+fn attention_coop_lean() -> bool {
+    std::env::var("VERBATIM_ATTENTION_COOP_LEAN").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// attention_coop.wgsl with `nsg` subgroups of 16 queries per workgroup (4 as written, or 2)
 /// and its P·V leaving through the score tile `od` dims a round (32 as written: half the
 /// tile, two rounds; or 64: one round through a tile twice as wide). Workgroup memory:
@@ -792,6 +798,7 @@ impl Kernels {
             },
             planes: None,
             attention_coop: match gpu.info.coop_matrix && std::env::var("VERBATIM_ATTENTION_COOP").map_or(true, |v| v != "0") {
+                true if attention_coop_lean() => Some(gpu.kernel_entry("attention_coop (lean)", ATTENTION_COOP_SOURCE, "main_lean", &[R, W])?),
                 true => Some(gpu.kernel("attention_coop", ATTENTION_COOP_SOURCE, &[R, W])?),
                 false => None,
             },
@@ -897,6 +904,17 @@ impl Kernels {
             self.attention_coop = Some(gpu.kernel(name, &src, &[Access::Read, Access::ReadWrite])?);
         }
         self.attention_coop_queries = 16 * nsg;
+        Ok(self)
+    }
+
+    /// The same kernels with attention_coop.wgsl's `main_lean` (4 x 32), where the device
+    /// has it (tests hold it to the CPU and to `main`).
+    pub fn with_attention_coop_lean(mut self, gpu: &Gpu) -> Result<Kernels> {
+        if self.attention_coop.is_some() {
+            self.attention_coop =
+                Some(gpu.kernel_entry("attention_coop (lean)", ATTENTION_COOP_SOURCE, "main_lean", &[Access::Read, Access::ReadWrite])?);
+        }
+        self.attention_coop_queries = 16 * 4;
         Ok(self)
     }
 
