@@ -270,8 +270,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
     }
 }
 
+// main_lean holds the Q fragments in registers through the whole walk (as main does) or
+// reads them from memory at each block (L1 after the first), live in the Q·K phase only
+// (kernels/mod.rs rewrites this line for the held variant).
+const Q_HELD: bool = false;
+
 // Fragment d (dims 16 d ..) of this subgroup's 16 queries from one plane (hi at qb, lo at
-// plane4 + qb), read from memory where it is used (main_lean; L1 after the first block).
+// plane4 + qb).
 fn q_frag(qb: u32, d: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 4u * d], 16u);
 }
@@ -280,7 +285,7 @@ fn q_frag(qb: u32, d: u32) -> coop_mat16x16<f16, A> {
 // order (the same bits). The driver's statistics (`verbatim bench --pipeline-stats`, H200)
 // gave `main` 212 registers a thread: 128 threads x 212 is two workgroups an SM, 8 warps to
 // hide every phase's latency. Here (1) the Q fragments are read from memory in the Q·K phase
-// instead of held in 32 registers through the whole block, and (2) P·V is done a 32-dim
+// instead of held in 32 registers through the whole walk (unless Q_HELD), and (2) P·V is done a 32-dim
 // round at a time, so four of its eight 16x16 accumulators are live instead of eight (P's
 // fragments are read twice from workgroup memory instead). 4 x 32 only (NSG = 4, OD = 32:
 // kernels/mod.rs builds no other shape of it).
@@ -316,15 +321,31 @@ fn main_lean(@builtin(workgroup_id) wg: vec3<u32>,
     if (j_begin < j_end) {
         stage(j_begin, hb4, plane4, lid);
     }
+    var qh0 = coop_mat16x16<f16, A>();
+    var qh1 = coop_mat16x16<f16, A>();
+    var qh2 = coop_mat16x16<f16, A>();
+    var qh3 = coop_mat16x16<f16, A>();
+    var ql0 = coop_mat16x16<f16, A>();
+    var ql1 = coop_mat16x16<f16, A>();
+    var ql2 = coop_mat16x16<f16, A>();
+    var ql3 = coop_mat16x16<f16, A>();
+    if (Q_HELD) {
+        qh0 = q_frag(qb, 0u); qh1 = q_frag(qb, 1u); qh2 = q_frag(qb, 2u); qh3 = q_frag(qb, 3u);
+        ql0 = q_frag(plane4 + qb, 0u); ql1 = q_frag(plane4 + qb, 1u); ql2 = q_frag(plane4 + qb, 2u); ql3 = q_frag(plane4 + qb, 3u);
+    }
     workgroupBarrier();
     for (var j0 = j_begin; j0 < j_end; j0 += BK) {
+        if (!Q_HELD) {
+            qh0 = q_frag(qb, 0u); qh1 = q_frag(qb, 1u); qh2 = q_frag(qb, 2u); qh3 = q_frag(qb, 3u);
+            ql0 = q_frag(plane4 + qb, 0u); ql1 = q_frag(plane4 + qb, 1u); ql2 = q_frag(plane4 + qb, 2u); ql3 = q_frag(plane4 + qb, 3u);
+        }
         for (var t = 0u; t < BK; t += 16u) {
             var sh = coop_mat16x16<f32, C>();
             var sl = coop_mat16x16<f32, C>();
-            qk(&sh, &sl, q_frag(qb, 0u), q_frag(plane4 + qb, 0u), t, 0u);
-            qk(&sh, &sl, q_frag(qb, 1u), q_frag(plane4 + qb, 1u), t, 1u);
-            qk(&sh, &sl, q_frag(qb, 2u), q_frag(plane4 + qb, 2u), t, 2u);
-            qk(&sh, &sl, q_frag(qb, 3u), q_frag(plane4 + qb, 3u), t, 3u);
+            qk(&sh, &sl, qh0, ql0, t, 0u);
+            qk(&sh, &sl, qh1, ql1, t, 1u);
+            qk(&sh, &sl, qh2, ql2, t, 2u);
+            qk(&sh, &sl, qh3, ql3, t, 3u);
             coopStoreT(joined(sh, sl), &scores[sb + t], SS);
         }
         workgroupBarrier();

@@ -11,7 +11,8 @@
 // The cooperative loads take their stride in the pointer's element type (vec4 here: the
 // lab's rewrite counting it in halves came out wrong). Exactness as gemm_coop.wgsl: hi and
 // lo products in separate accumulators, hi + lo / 2^12 at the end, then gemm_epilogue.wgsl
-// (bias, GELU, residual). Shape: 64x64 tiles of Y, 4 subgroups of 2x2 16x16 blocks, K in
+// (bias, GELU, residual). Shape: 64x64 tiles of Y, 4 subgroups of 2x2 16x16 blocks (or
+// kernels/mod.rs's rewrites: TM rows x 32 WC columns, WR x WC subgroups of BR x 2 blocks), K in
 // slices of CK = 32 (kernels/mod.rs GEMM_PLANES_CK; 64, the kernel lab's gemm_planes.ck64,
 // measured slower in the engine: fc2 83 against 62 us) loaded a slice ahead into registers. n must be a multiple of 64, k of CK and m_pad of 64 (kernels/mod.rs falls
 // back to gemm_coop.wgsl otherwise).
@@ -30,12 +31,18 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 const TM: u32 = 64u; // rows of Y per workgroup: 64 (4 subgroups of 2 x 2 blocks) or 32 (1 x 2)
+const WR: u32 = 2u; // subgroups along the tile's rows
+const WC: u32 = 2u; // subgroups along its columns, 32 columns each
+const TN: u32 = 32u * WC; // columns of Y per workgroup
+const NT: u32 = 32u * WR * WC; // threads (the workgroup size; kernels/mod.rs rewrites both)
+const BR: u32 = TM / (16u * WR); // 16-row blocks per subgroup: 2 or 1
+const TN4: u32 = TN / 4u; // vec4 of W per k-row of the tile
 const CK: u32 = 32u; // K per slice (k must be a multiple)
 const XR4: u32 = CK / 4u; // vec4 of X per row and slice
 const XS4: u32 = XR4 + 2u; // vec4 per staged X row (rows 80 bytes apart for CK 32: no bank conflicts)
-const WS4: u32 = 18u; // vec4 per staged W row: 64 / 4 + 2
-const NX: u32 = TM * XR4 / 128u; // X words per thread, plane and slice (TM rows x XR4 / 128 threads)
-const NW: u32 = CK / 8u; // W words per thread and slice (CK k-rows x 16 / 128)
+const WS4: u32 = TN4 + 2u; // vec4 per staged W row
+const NX: u32 = TM * XR4 / NT; // X words per thread, plane and slice (TM rows x XR4 / NT threads)
+const NW: u32 = CK * TN4 / NT; // W words per thread and slice (CK k-rows x TN4 / NT)
 // The strides the cooperative loads pass, in vec4 units (the lab's `.halves` rewrite passes
 // them in halves, in case the driver counts the other way).
 const XLD: u32 = XS4;
@@ -45,29 +52,29 @@ var<workgroup> xs_hi: array<vec4<f16>, TM * XS4>; // [TM][XS4]
 var<workgroup> xs_lo: array<vec4<f16>, TM * XS4>;
 var<workgroup> ws: array<vec4<f16>, CK * WS4>;    // [CK][WS4]
 
-// A thread's X words of a slice: element e = lid + 128 i of TM XR4 per plane, row e / XR4,
+// A thread's X words of a slice: element e = lid + NT i of TM XR4 per plane, row e / XR4,
 // vec4 column e % XR4 (neighbouring threads read a row's contiguous bytes).
 fn xw(base: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {
-    let e = lid + 128u * i;
+    let e = lid + NT * i;
     return xp[base + (e / XR4) * (p.k / 4u) + k0 / 4u + e % XR4];
 }
 
-// W words: element e of CK x 16, k-row e / 16, vec4 column e % 16.
+// W words: element e of CK x TN4, k-row e / TN4, vec4 column e % TN4.
 fn ww(col0: u32, k0: u32, lid: u32, i: u32) -> vec4<f16> {
-    let e = lid + 128u * i;
-    return w[(k0 + e / 16u) * (p.n / 4u) + col0 / 4u + e % 16u];
+    let e = lid + NT * i;
+    return w[(k0 + e / TN4) * (p.n / 4u) + col0 / 4u + e % TN4];
 }
 
 fn put_x(hi: vec4<f16>, lo: vec4<f16>, lid: u32, i: u32) {
-    let e = lid + 128u * i;
+    let e = lid + NT * i;
     let s = (e / XR4) * XS4 + e % XR4;
     xs_hi[s] = hi;
     xs_lo[s] = lo;
 }
 
 fn put_w(v: vec4<f16>, lid: u32, i: u32) {
-    let e = lid + 128u * i;
-    ws[(e / 16u) * WS4 + e % 16u] = v;
+    let e = lid + NT * i;
+    ws[(e / TN4) * WS4 + e % TN4] = v;
 }
 
 @compute @workgroup_size(128)
@@ -76,9 +83,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         @builtin(subgroup_id) sg: u32,
         @builtin(subgroup_invocation_id) lane: u32) {
     let row0 = wg.y * TM;
-    let col0 = wg.x * 64u;
-    let sr = (sg / 2u) * (TM / 2u);
-    let sc = (sg % 2u) * 32u;
+    let col0 = wg.x * TN;
+    let sr = (sg / WC) * (16u * BR);
+    let sc = (sg % WC) * 32u;
     let hb = row0 * (p.k / 4u);
     let lb = hb + p.m_pad * (p.k / 4u);
     var c00 = coop_mat16x16<f32, C>();
@@ -129,7 +136,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             let e0 = coopLoadT<coop_mat16x16<f16, A>>(&xs_lo[sr * XS4 + kk / 4u], XLD);
             d00 = coopMultiplyAdd(e0, b0, d00);
             d01 = coopMultiplyAdd(e0, b1, d01);
-            if (TM == 64u) {
+            if (BR == 2u) {
                 let a1 = coopLoadT<coop_mat16x16<f16, A>>(&xs_hi[(sr + 16u) * XS4 + kk / 4u], XLD);
                 c10 = coopMultiplyAdd(a1, b0, c10);
                 c11 = coopMultiplyAdd(a1, b1, c11);
@@ -144,7 +151,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
     let q0 = col0 + sc;
     emit(c00, d00, cb, lane, r0, q0);
     emit(c01, d01, cb, lane, r0, q0 + 16u);
-    if (TM == 64u) {
+    if (BR == 2u) {
         emit(c10, d10, cb, lane, r0 + 16u, q0);
         emit(c11, d11, cb, lane, r0 + 16u, q0 + 16u);
     }

@@ -183,7 +183,67 @@ pub const GEMM_PLANES_SOURCE: &str = concat!(
 /// SMs; and each subgroup holds 1 x 2 accumulator blocks instead of 2 x 2, so more
 /// subgroups fit an SM, which is why wide GEMMs gain too).
 pub fn gemm_planes_narrow_source() -> Result<String> {
-    rewrite_source("gemm_planes.wgsl", GEMM_PLANES_SOURCE, &[("const TM: u32 = 64u;", "const TM: u32 = 32u;")])
+    gemm_planes_tile_source(GemmTile::NARROW)
+}
+
+/// A tile of gemm_planes.wgsl's 32-row kernels: rows x columns of Y per workgroup, over
+/// `rows / 16` x `cols / 32` subgroups of 1 x 2 blocks. 32 x 64 (4 subgroups) for most
+/// GEMMs; 32 x 128 (8 subgroups, each X word read from L2 for twice the outputs) for wide
+/// ones ([`GEMM_WIDE_TILE_MIN_N`]). (64 x 64 over 8 subgroups measured 1.5-1.8x slower on
+/// the H200: bench/RESULTS.md, 2026-12-04, third session.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmTile {
+    pub rows: u32,
+    pub cols: u32,
+}
+
+impl GemmTile {
+    pub const NARROW: GemmTile = GemmTile { rows: 32, cols: 64 };
+    pub const WIDE: GemmTile = GemmTile { rows: 32, cols: 128 };
+
+    fn subgroups(self) -> u32 {
+        (self.rows / 16) * (self.cols / 32)
+    }
+
+    /// The kernels' names: the 32 x 64 tile keeps its old ones.
+    fn names(self) -> (&'static str, &'static str) {
+        if self == GemmTile::NARROW {
+            ("gemm_planes_f16 (32-row tiles)", "gemm_planes_to_planes (32-row tiles)")
+        } else {
+            ("gemm_planes_f16 (32x128 tiles)", "gemm_planes_to_planes (32x128 tiles)")
+        }
+    }
+}
+
+/// GEMMs of at least this many columns (a multiple of 128) take [`GemmTile::WIDE`]
+/// (`VERBATIM_GEMM_WIDE_TILE_MIN_N`, to compare on a device). H200, µs a GEMM against 32 x
+/// 64: small.en's cross K|V (N = 18432) 725 -> 638, its Q|K|V (2304) 110 -> 101, fc1 (3072)
+/// 128 -> 123, tiny.en's cross K|V (3072) 78 -> 74; narrower GEMMs lost or gained by turns
+/// (tiny.en's Q|K|V, 1152: 42.7 -> 37.2; its fc1, 1536: 43.6 -> 46.8; every N = d GEMM lost
+/// 2-15 %), so the rule is the width.
+const GEMM_WIDE_TILE_MIN_N: u32 = 2048;
+
+/// gemm_planes.wgsl over `tile` (subgroups of 1 x 2 blocks; see [`GemmTile`]).
+pub fn gemm_planes_tile_source(tile: GemmTile) -> Result<String> {
+    if tile != GemmTile::NARROW && tile != GemmTile::WIDE {
+        return Err(Error::Invalid(format!("gemm_planes: no {} x {} tile", tile.rows, tile.cols)));
+    }
+    let tm = format!("const TM: u32 = {}u;", tile.rows);
+    let wr = format!("const WR: u32 = {}u;", tile.rows / 16);
+    let wc = format!("const WC: u32 = {}u;", tile.cols / 32);
+    let size = format!("@workgroup_size({})", 32 * tile.subgroups());
+    let cs = format!("var<workgroup> cs: array<f32, {}>;", 320 * tile.subgroups());
+    rewrite_source(
+        "gemm_planes.wgsl",
+        GEMM_PLANES_SOURCE,
+        &[
+            ("const TM: u32 = 64u;", tm.as_str()),
+            ("const WR: u32 = 2u;", wr.as_str()),
+            ("const WC: u32 = 2u;", wc.as_str()),
+            ("@workgroup_size(128)", size.as_str()),
+            ("var<workgroup> cs: array<f32, 1280>;", cs.as_str()),
+        ],
+    )
 }
 
 /// GEMMs of at most this many columns take [`gemm_planes_narrow_source`]'s tiles (or
@@ -195,6 +255,16 @@ const GEMM_PLANES_NARROW_MAX_N: u32 = u32::MAX;
 /// gemm_planes.wgsl writing its output as f16 hi/lo planes (gemm_emit_planes.wgsl): rows
 /// planes for the next GEMM, or a fused Q|K|V's head planes for attention_coop.wgsl.
 pub fn gemm_planes_out_source(narrow: bool) -> Result<String> {
+    let base = if narrow { gemm_planes_narrow_source()? } else { GEMM_PLANES_SOURCE.to_string() };
+    gemm_planes_out_from(&base)
+}
+
+/// [`gemm_planes_out_source`] over another tile.
+pub fn gemm_planes_out_tile_source(tile: GemmTile) -> Result<String> {
+    gemm_planes_out_from(&gemm_planes_tile_source(tile)?)
+}
+
+fn gemm_planes_out_from(base: &str) -> Result<String> {
     let calls = [
         "    emit(c00, d00, cb, lane, r0, q0);\n",
         "    emit(c01, d01, cb, lane, r0, q0 + 16u);\n",
@@ -203,8 +273,7 @@ pub fn gemm_planes_out_source(narrow: bool) -> Result<String> {
     ];
     let renamed: Vec<String> = calls.iter().map(|c| c.replace("emit(", "emit_planes(")).collect();
     let edits: Vec<(&str, &str)> = calls.iter().zip(&renamed).map(|(a, b)| (*a, b.as_str())).collect();
-    let base = if narrow { gemm_planes_narrow_source()? } else { GEMM_PLANES_SOURCE.to_string() };
-    Ok(rewrite_source("gemm_planes.wgsl", &base, &edits)? + include_str!("gemm_emit_planes.wgsl"))
+    Ok(rewrite_source("gemm_planes.wgsl", base, &edits)? + include_str!("gemm_emit_planes.wgsl"))
 }
 /// attention_coop.wgsl: the encoder's self-attention on cooperative matrices over head planes.
 pub const ATTENTION_COOP_SOURCE: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("attention_coop.wgsl"));
@@ -215,9 +284,21 @@ const ATTENTION_COOP_SPLIT_KEYS: u32 = 384;
 pub const ATTENTION_COOP_QUERIES: u32 = 64;
 
 /// Whether the encoder's attention takes attention_coop.wgsl's `main_lean` (fewer registers
-/// live, the same bits) rather than `main`: `VERBATIM_ATTENTION_COOP_LEAN=0|1`.
-fn attention_coop_lean() -> bool {
-    std::env::var("VERBATIM_ATTENTION_COOP_LEAN").is_ok_and(|v| !v.is_empty() && v != "0")
+/// live, the same bits) rather than `main`: `VERBATIM_ATTENTION_COOP_LEAN=1` (Q read at each
+/// block), `2` (Q held in registers), else 0 (`main`).
+fn attention_coop_lean() -> u32 {
+    std::env::var("VERBATIM_ATTENTION_COOP_LEAN").ok().and_then(|v| v.parse().ok()).filter(|&v| v <= 2).unwrap_or(0)
+}
+
+/// attention_coop.wgsl's `main_lean`, its Q fragments held in registers or read at each block.
+fn attention_coop_lean_kernel(gpu: &Gpu, q_held: bool) -> Result<Arc<Kernel>> {
+    let rw = [Access::Read, Access::ReadWrite];
+    if q_held {
+        let src = rewrite_source("attention_coop.wgsl", ATTENTION_COOP_SOURCE, &[("const Q_HELD: bool = false;", "const Q_HELD: bool = true;")])?;
+        gpu.kernel_entry("attention_coop (lean, Q held)", &src, "main_lean", &rw)
+    } else {
+        gpu.kernel_entry("attention_coop (lean)", ATTENTION_COOP_SOURCE, "main_lean", &rw)
+    }
 }
 
 /// attention_coop.wgsl with `nsg` subgroups of 16 queries per workgroup (4 as written, or 2)
@@ -651,6 +732,14 @@ pub struct Kernels {
     gemm_planes_narrow: Option<Arc<Kernel>>,
     /// gemm_planes_out over 32-row tiles, with gemm_planes_narrow.
     gemm_planes_out_narrow: Option<Arc<Kernel>>,
+    /// The tile of gemm_planes_narrow and gemm_planes_out_narrow ([`GemmTile::NARROW`];
+    /// tests set others).
+    tile: GemmTile,
+    /// gemm_planes over [`GemmTile::WIDE`] (rows out and planes out), for GEMMs of at least
+    /// `wide_tile_min_n` columns.
+    gemm_planes_wide: Option<Arc<Kernel>>,
+    gemm_planes_out_wide: Option<Arc<Kernel>>,
+    wide_tile_min_n: u32,
     /// GEMMs of at most this many columns take the 32-row tiles.
     narrow_max_n: u32,
     /// The second planes buffer, as large as `planes`: one GEMM's planes output while
@@ -748,6 +837,10 @@ pub struct Kernels {
 impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
+        let tile = GemmTile::NARROW;
+        let planes_narrow = gpu.info.coop_matrix
+            && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
+            && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0");
         let kernels = Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
@@ -772,15 +865,28 @@ impl Kernels {
                 && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
                 && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
             {
-                true => Some(gpu.kernel("gemm_planes_f16 (32-row tiles)", &gemm_planes_narrow_source()?, &[R, R, R, W])?),
+                true => Some(gpu.kernel(tile.names().0, &gemm_planes_tile_source(tile)?, &[R, R, R, W])?),
                 false => None,
             },
             gemm_planes_out_narrow: match gpu.info.coop_matrix
                 && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
                 && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
             {
-                true => Some(gpu.kernel("gemm_planes_to_planes (32-row tiles)", &gemm_planes_out_source(true)?, &[R, R, R, W, W])?),
+                true => Some(gpu.kernel(tile.names().1, &gemm_planes_out_tile_source(tile)?, &[R, R, R, W, W])?),
                 false => None,
+            },
+            tile,
+            gemm_planes_wide: match planes_narrow {
+                true => Some(gpu.kernel(GemmTile::WIDE.names().0, &gemm_planes_tile_source(GemmTile::WIDE)?, &[R, R, R, W])?),
+                false => None,
+            },
+            gemm_planes_out_wide: match planes_narrow {
+                true => Some(gpu.kernel(GemmTile::WIDE.names().1, &gemm_planes_out_tile_source(GemmTile::WIDE)?, &[R, R, R, W, W])?),
+                false => None,
+            },
+            wide_tile_min_n: match std::env::var("VERBATIM_GEMM_WIDE_TILE_MIN_N") {
+                Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMM_WIDE_TILE_MIN_N={v}: a column count")))?,
+                _ => GEMM_WIDE_TILE_MIN_N,
             },
             narrow_max_n: match std::env::var("VERBATIM_GEMM_NARROW_MAX_N") {
                 Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMM_NARROW_MAX_N={v}: a column count")))?,
@@ -798,7 +904,7 @@ impl Kernels {
             },
             planes: None,
             attention_coop: match gpu.info.coop_matrix && std::env::var("VERBATIM_ATTENTION_COOP").map_or(true, |v| v != "0") {
-                true if attention_coop_lean() => Some(gpu.kernel_entry("attention_coop (lean)", ATTENTION_COOP_SOURCE, "main_lean", &[R, W])?),
+                true if attention_coop_lean() > 0 => Some(attention_coop_lean_kernel(gpu, attention_coop_lean() == 2)?),
                 true => Some(gpu.kernel("attention_coop", ATTENTION_COOP_SOURCE, &[R, W])?),
                 false => None,
             },
@@ -874,6 +980,8 @@ impl Kernels {
         self.gemm_planes_out = None;
         self.gemm_planes_narrow = None;
         self.gemm_planes_out_narrow = None;
+        self.gemm_planes_wide = None;
+        self.gemm_planes_out_wide = None;
         self.attention_coop = None;
         self
     }
@@ -909,12 +1017,28 @@ impl Kernels {
 
     /// The same kernels with attention_coop.wgsl's `main_lean` (4 x 32), where the device
     /// has it (tests hold it to the CPU and to `main`).
-    pub fn with_attention_coop_lean(mut self, gpu: &Gpu) -> Result<Kernels> {
+    pub fn with_attention_coop_lean(mut self, gpu: &Gpu, q_held: bool) -> Result<Kernels> {
         if self.attention_coop.is_some() {
-            self.attention_coop =
-                Some(gpu.kernel_entry("attention_coop (lean)", ATTENTION_COOP_SOURCE, "main_lean", &[Access::Read, Access::ReadWrite])?);
+            self.attention_coop = Some(attention_coop_lean_kernel(gpu, q_held)?);
         }
         self.attention_coop_queries = 16 * 4;
+        Ok(self)
+    }
+
+    /// The same kernels with every planes GEMM of 32-row tiles over `tile` (the wide tile's
+    /// kernels dropped), where the device has them: tests hold each tile to the CPU and to
+    /// the other.
+    pub fn with_gemm_tile(mut self, gpu: &Gpu, tile: GemmTile) -> Result<Kernels> {
+        use Access::{Read as R, ReadWrite as W};
+        if self.gemm_planes_narrow.is_some() {
+            self.gemm_planes_narrow = Some(gpu.kernel(tile.names().0, &gemm_planes_tile_source(tile)?, &[R, R, R, W])?);
+        }
+        if self.gemm_planes_out_narrow.is_some() {
+            self.gemm_planes_out_narrow = Some(gpu.kernel(tile.names().1, &gemm_planes_out_tile_source(tile)?, &[R, R, R, W, W])?);
+        }
+        self.tile = tile;
+        self.gemm_planes_wide = None;
+        self.gemm_planes_out_wide = None;
         Ok(self)
     }
 
@@ -1268,17 +1392,46 @@ impl Kernels {
         let pp = GemmPlanesParams { m, n: w.n, k: w.k, flags, y_off: 0, y_stride: 0, m_pad, q_scale };
         let (kernel, groups) = match &self.gemm_planes_out_narrow {
             // (over m_pad: the tiles past the last row write the padding rows' zeros)
-            Some(narrow) if w.n <= self.narrow_max_n => (narrow, [w.n.div_ceil(64), m_pad.div_ceil(32), 1]),
+            Some(_) if w.n <= self.narrow_max_n && self.takes_wide_tile(w.n) => {
+                (self.gemm_planes_out_wide.as_ref().unwrap_or(kernel), [w.n / GemmTile::WIDE.cols, m_pad.div_ceil(GemmTile::WIDE.rows), 1])
+            }
+            Some(narrow) if w.n <= self.narrow_max_n => (narrow, [w.n.div_ceil(self.tile.cols), m_pad.div_ceil(self.tile.rows), 1]),
             _ => (kernel, [w.n.div_ceil(64), m_pad.div_ceil(64), 1]),
         };
         rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, &self.zero, out], groups, cost)
+    }
+
+    /// The columns of the planes GEMM's tile for an output of `n` columns (n must be a
+    /// multiple).
+    fn planes_cols(&self, n: u32) -> u32 {
+        if self.gemm_planes_narrow.is_some() && n <= self.narrow_max_n {
+            if self.takes_wide_tile(n) {
+                GemmTile::WIDE.cols
+            } else {
+                self.tile.cols
+            }
+        } else {
+            64
+        }
+    }
+
+    /// Whether a planes GEMM of `n` columns over 32-row tiles takes [`GemmTile::WIDE`]
+    /// (both its kernels there, `n` at least `wide_tile_min_n` and a multiple of 128).
+    fn takes_wide_tile(&self, n: u32) -> bool {
+        self.gemm_planes_wide.is_some()
+            && self.gemm_planes_out_wide.is_some()
+            && n >= self.wide_tile_min_n
+            && n.is_multiple_of(GemmTile::WIDE.cols)
     }
 
     /// gemm_planes.wgsl's kernel and grid for `m` rows of `n` columns: 32-row tiles where
     /// the columns are few.
     fn planes_tiles<'a>(&'a self, kernel: &'a Arc<Kernel>, m: u32, n: u32) -> (&'a Arc<Kernel>, [u32; 3]) {
         match &self.gemm_planes_narrow {
-            Some(narrow) if n <= self.narrow_max_n => (narrow, [n.div_ceil(64), m.div_ceil(32), 1]),
+            Some(_) if n <= self.narrow_max_n && self.takes_wide_tile(n) => {
+                (self.gemm_planes_wide.as_ref().unwrap_or(kernel), [n / GemmTile::WIDE.cols, m.div_ceil(GemmTile::WIDE.rows), 1])
+            }
+            Some(narrow) if n <= self.narrow_max_n => (narrow, [n.div_ceil(self.tile.cols), m.div_ceil(self.tile.rows), 1]),
             _ => (kernel, [n.div_ceil(64), m.div_ceil(64), 1]),
         }
     }
@@ -1288,7 +1441,7 @@ impl Kernels {
         let bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.k as u64 * 2;
         self.gemm_planes.is_some()
             && m > GEMV_MAX_ROWS
-            && w.n.is_multiple_of(64)
+            && w.n.is_multiple_of(self.planes_cols(w.n))
             && w.k.is_multiple_of(GEMM_PLANES_CK)
             && self.planes_out.as_ref().is_some_and(|b| b.size() >= bytes)
     }
@@ -1431,12 +1584,12 @@ impl Kernels {
     }
 
     /// gemm_planes.wgsl and the planes buffer where they take `m` rows of `w`: n a multiple
-    /// of the 64-column tile, k of the slice depth (no bounds checks inside), and planes
+    /// of the tile's columns, k of the slice depth (no bounds checks inside), and planes
     /// reserved for that many rows and columns.
     fn planes_for(&self, m: u32, w: &F16Matrix) -> Option<(&Arc<Kernel>, &Buffer)> {
         let (kernel, planes) = (self.gemm_planes.as_ref()?, self.planes.as_ref()?);
         let bytes = 2 * m.next_multiple_of(GEMM_PLANES_ROWS) as u64 * w.k as u64 * 2;
-        (w.n.is_multiple_of(64) && w.k.is_multiple_of(GEMM_PLANES_CK) && bytes <= planes.size()).then_some((kernel, planes))
+        (w.n.is_multiple_of(self.planes_cols(w.n)) && w.k.is_multiple_of(GEMM_PLANES_CK) && bytes <= planes.size()).then_some((kernel, planes))
     }
 
     /// Kernel-3, padding-1 convolution as a GEMM over an in-place im2col view:

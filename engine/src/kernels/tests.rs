@@ -450,6 +450,22 @@ fn linear_gemm_on_planes_matches_reference() {
         assert!(kern.uses_planes(m as u32, &probe), "m={m} n={n} k={k} should take the planes GEMM");
         run_linear_with(&kern, &mut r, m, n, k, bias, gelu, acc);
     }
+    // The wide tile (`GemmTile::WIDE`, 8 subgroups) on every epilogue, awkward row counts:
+    // once as every 32-row GEMM's tile, once by its width rule.
+    for forced in [true, false] {
+        let mut kt = Kernels::load(g).unwrap();
+        if forced {
+            kt = kt.with_gemm_tile(g, GemmTile::WIDE).unwrap();
+        } else {
+            kt.wide_tile_min_n = 256;
+        }
+        kt.reserve_gemm_planes(g, 300, 512).unwrap();
+        for (m, n, k, bias, gelu, acc) in [(67, 128, 96, true, true, false), (300, 384, 512, true, false, true), (203, 256, 416, false, false, true), (9, 128, 32, true, false, false)] {
+            let probe = F16Matrix::from_bits(g, "probe", &vec![0u16; n * k], n, k).unwrap();
+            assert!(kt.uses_planes(m as u32, &probe), "forced {forced}: m={m} n={n} k={k} should take the planes GEMM");
+            run_linear_with(&kt, &mut r, m, n, k, bias, gelu, acc);
+        }
+    }
     // Not multiples of the tile or the slice: the staged GEMM instead, still right.
     let odd = F16Matrix::from_bits(g, "odd", &vec![0u16; 70 * 96], 70, 96).unwrap();
     assert!(!kern.uses_planes(33, &odd));
@@ -461,6 +477,56 @@ fn linear_gemm_on_planes_matches_reference() {
     let wide = F16Matrix::from_bits(g, "wide", &vec![0u16; 64 * 512], 64, 512).unwrap();
     assert!(!kern.uses_planes(400, &wide) && kern.uses_planes(300, &wide));
     run_linear_with(&kern, &mut r, 400, 64, 512, true, false, false);
+}
+
+/// The wide tile (`GemmTile::WIDE`) computes each output as the 32 x 64 tile does (the same
+/// 16x16x16 products of the same K slices in the same order): the same bits, into rows with
+/// every epilogue and into planes, on the same inputs. Runs where the device has cooperative
+/// matrices (the H200).
+#[test]
+fn gemm_wide_tile_equals_narrow_bit_for_bit() {
+    let mut r = rng("gemm_wide_tile");
+    let g = gpu();
+    let Some(mut narrow) = gemm_kernels(g, true, "gemm_wide_tile") else {
+        return;
+    };
+    let mut wide = Kernels::load(g).unwrap();
+    narrow.wide_tile_min_n = u32::MAX;
+    wide.wide_tile_min_n = 0;
+    for kern in [&mut narrow, &mut wide] {
+        kern.reserve_gemm_planes(g, 300, 512).unwrap();
+    }
+    for (m, n, k, bias, gelu, acc) in [(67usize, 128usize, 96usize, true, true, false), (300, 384, 512, true, false, true), (203, 256, 416, false, false, false)] {
+        let x = rand_vec(&mut r, m * k, 1.0);
+        let w = f16_round(&rand_vec(&mut r, n * k, 0.5));
+        let b = rand_vec(&mut r, n, 0.5);
+        let y0 = rand_vec(&mut r, m * n, 1.0);
+        let xb = g.upload_f32("x", &x).unwrap();
+        let wm = F16Matrix::from_bits(g, "w", &f16_bits(&w), n, k).unwrap();
+        let bb = g.upload_f32("b", &b).unwrap();
+        let mut rows = Vec::new();
+        let mut planes = Vec::new();
+        for kern in [&narrow, &wide] {
+            let yb = poisoned(m * n);
+            if acc {
+                g.write(&yb, 0, bytemuck::cast_slice(&y0));
+            }
+            let out = kern.planes_out.as_ref().unwrap();
+            g.fill_u32(out, NAN_BITS);
+            let mut rec = g.recorder();
+            kern.linear(&mut rec, Rows::new(&xb, k), m as u32, &wm, bias.then_some(&bb), Rows::new(&yb, n), Epilogue { gelu, accumulate: acc }).unwrap();
+            kern.linear_planes_to_planes(&mut rec, m as u32, &wm, bias.then_some(&bb), gelu).unwrap();
+            let mut prof = Profile::default();
+            rec.submit(Some(&mut prof)).unwrap();
+            let ran = kernels_ran(&prof);
+            let want = if std::ptr::eq(kern, &wide) { GemmTile::WIDE.names() } else { GemmTile::NARROW.names() };
+            assert!(ran.contains(&want.0) && ran.contains(&want.1), "m={m} n={n}: ran {ran:?}");
+            rows.push(g.read_f32(&yb, 0, m * n).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+            planes.push(plane_words(out, 0, 2 * m.next_multiple_of(64) * n / 2));
+        }
+        assert!(rows[0] == rows[1], "m={m} n={n} k={k}: rows differ between the tiles");
+        assert!(planes[0] == planes[1], "m={m} n={n} k={k}: planes differ between the tiles");
+    }
 }
 
 /// `linear_segments`: Y's columns in segments stored one after the other ([n / seg][m][seg],
@@ -533,16 +599,25 @@ fn plane_words(b: &wgpu::Buffer, at: usize, n: usize) -> Vec<u32> {
 fn gemm_into_planes_matches_reference_and_the_split() {
     let mut r = rng("gemm_into_planes");
     let g = gpu();
-    let Some(mut kern) = gemm_kernels(g, true, "gemm_into_planes") else {
+    if gemm_kernels(g, true, "gemm_into_planes").is_none() {
         return;
-    };
-    kern.reserve_gemm_planes(g, 300, 512).unwrap();
+    }
     let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32() as f64;
-    // Both tile heights (32-row tiles write the padding rows past their last tile too).
-    for max_n in [u32::MAX, 0] {
+    // 32 x 64 tiles and 64-row ones (32-row tiles write the padding rows past their last
+    // tile too), then the wide tile (`GemmTile::WIDE`, columns a multiple of 128) for all.
+    let (rows_any, heads_any): (&[(usize, usize, usize, usize)], &[(usize, usize, usize)]) = (&[(70, 64, 128, 64), (300, 96, 512, 192)], &[(70, 2, 64), (300, 3, 96)]);
+    let (rows_128, heads_128): (&[(usize, usize, usize, usize)], &[(usize, usize, usize)]) = (&[(70, 64, 128, 128), (300, 96, 512, 256)], &[(70, 2, 64), (300, 4, 96)]);
+    let tiles = [
+        (GemmTile::NARROW, u32::MAX, rows_any, heads_any),
+        (GemmTile::NARROW, 0, rows_any, heads_any),
+        (GemmTile::WIDE, u32::MAX, rows_128, heads_128),
+    ];
+    for (tile, max_n, rows_cases, head_cases) in tiles {
+        let mut kern = Kernels::load(g).unwrap().with_gemm_tile(g, tile).unwrap();
+        kern.reserve_gemm_planes(g, 300, 512).unwrap();
         kern.narrow_max_n = max_n;
         // Rows planes: fc1 (GELU) into planes, then fc2 (residual) from them.
-        for &(m, k, n, n2) in &[(70usize, 64usize, 128usize, 64usize), (300, 96, 512, 192)] {
+        for &(m, k, n, n2) in rows_cases {
             let m_pad = m.next_multiple_of(64);
             let x = rand_vec(&mut r, m * k, 1.0);
             let w1 = f16_round(&rand_vec(&mut r, n * k, 0.5));
@@ -594,7 +669,7 @@ fn gemm_into_planes_matches_reference_and_the_split() {
             assert!(old.iter().zip(&new).all(|(a, b)| a.to_bits() == b.to_bits()), "fc2 from planes against from rows, m={m}");
         }
         // Head planes: LayerNorm into planes, the fused Q|K|V into head planes, the attention.
-        for &(m, heads, k) in &[(70usize, 2usize, 64usize), (300, 3, 96)] {
+        for &(m, heads, k) in head_cases {
             let n = 3 * heads * 64;
             let m_pad = m.next_multiple_of(64);
             kern.reserve_blocked_attention(g, m as u32, heads as u32).unwrap();
@@ -1144,11 +1219,13 @@ fn attention_coop_lean_equals_main_bit_for_bit() {
     let g = gpu();
     let seed = rng("attention_coop_lean").random::<u64>();
     for (t, heads) in [(70, 2), (1500, 1)] {
-        let (_, lean) = attention_fused_output(Kernels::load(g).unwrap().with_attention_coop_lean(g).unwrap(), &mut StdRng::seed_from_u64(seed), t, heads);
         let (_, main) = attention_fused_output(Kernels::load(g).unwrap().with_attention_coop_shape(g, 4, 32).unwrap(), &mut StdRng::seed_from_u64(seed), t, heads);
-        let lean: Vec<u32> = lean.iter().map(|v| v.to_bits()).collect();
         let main: Vec<u32> = main.iter().map(|v| v.to_bits()).collect();
-        assert!(lean == main, "t={t} heads={heads}: main_lean's output differs from main's");
+        for q_held in [false, true] {
+            let (_, lean) = attention_fused_output(Kernels::load(g).unwrap().with_attention_coop_lean(g, q_held).unwrap(), &mut StdRng::seed_from_u64(seed), t, heads);
+            let lean: Vec<u32> = lean.iter().map(|v| v.to_bits()).collect();
+            assert!(lean == main, "t={t} heads={heads}, Q held {q_held}: main_lean's output differs from main's");
+        }
     }
 }
 
@@ -1164,11 +1241,12 @@ fn attention_coop_matches_reference() {
     let mut r = rng("attention_coop");
     let g = gpu();
     let coop = Kernels::load(g).unwrap().attention_coop.is_some();
-    // Each shape of the kernel (subgroups x dims a P·V round; nsg 0: main_lean, 4 x 32).
-    for (nsg, od, name) in [(0, 32, "attention_coop (lean)"), (4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
+    // Each shape of the kernel (subgroups x dims a P·V round; nsg 0 / 1: main_lean, 4 x 32,
+    // Q read at each block / held).
+    for (nsg, od, name) in [(0, 32, "attention_coop (lean)"), (1, 32, "attention_coop (lean, Q held)"), (4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
         let want: Vec<&str> = if coop { vec![name, "attention_merge", "split_f16_heads"] } else { vec!["attention_blocked", "attention_merge"] };
         let kern = || match nsg {
-            0 => Kernels::load(g).unwrap().with_attention_coop_lean(g).unwrap(),
+            0 | 1 => Kernels::load(g).unwrap().with_attention_coop_lean(g, nsg == 1).unwrap(),
             _ => Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap(),
         };
         for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
@@ -1919,6 +1997,11 @@ fn coop_sources_are_valid_wgsl() {
     let narrow = super::gemm_planes_narrow_source().unwrap();
     let (planes_out, planes_out_narrow) = (super::gemm_planes_out_source(false).unwrap(), super::gemm_planes_out_source(true).unwrap());
     sources.extend([narrow.as_str(), planes_out.as_str(), planes_out_narrow.as_str()]);
+    let tiles: Vec<String> = [GemmTile::WIDE]
+        .iter()
+        .flat_map(|&t| [super::gemm_planes_tile_source(t).unwrap(), super::gemm_planes_out_tile_source(t).unwrap()])
+        .collect();
+    sources.extend(tiles.iter().map(|s| s.as_str()));
     for (i, src) in sources.into_iter().enumerate() {
         eprintln!("source {i}");
         let module = naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
