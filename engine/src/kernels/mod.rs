@@ -283,24 +283,6 @@ const ATTENTION_COOP_SPLIT_KEYS: u32 = 384;
 /// multiple of it).
 pub const ATTENTION_COOP_QUERIES: u32 = 64;
 
-/// Whether the encoder's attention takes attention_coop.wgsl's `main_lean` (fewer registers
-/// live, the same bits) rather than `main`: `VERBATIM_ATTENTION_COOP_LEAN=1` (Q read at each
-/// block), `2` (Q held in registers), else 0 (`main`).
-fn attention_coop_lean() -> u32 {
-    std::env::var("VERBATIM_ATTENTION_COOP_LEAN").ok().and_then(|v| v.parse().ok()).filter(|&v| v <= 2).unwrap_or(0)
-}
-
-/// attention_coop.wgsl's `main_lean`, its Q fragments held in registers or read at each block.
-fn attention_coop_lean_kernel(gpu: &Gpu, q_held: bool) -> Result<Arc<Kernel>> {
-    let rw = [Access::Read, Access::ReadWrite];
-    if q_held {
-        let src = rewrite_source("attention_coop.wgsl", ATTENTION_COOP_SOURCE, &[("const Q_HELD: bool = false;", "const Q_HELD: bool = true;")])?;
-        gpu.kernel_entry("attention_coop (lean, Q held)", &src, "main_lean", &rw)
-    } else {
-        gpu.kernel_entry("attention_coop (lean)", ATTENTION_COOP_SOURCE, "main_lean", &rw)
-    }
-}
-
 /// attention_coop.wgsl with `nsg` subgroups of 16 queries per workgroup (4 as written, or 2)
 /// and its P·V leaving through the score tile `od` dims a round (32 as written: half the
 /// tile, two rounds; or 64: one round through a tile twice as wide). Workgroup memory:
@@ -904,7 +886,6 @@ impl Kernels {
             },
             planes: None,
             attention_coop: match gpu.info.coop_matrix && std::env::var("VERBATIM_ATTENTION_COOP").map_or(true, |v| v != "0") {
-                true if attention_coop_lean() > 0 => Some(attention_coop_lean_kernel(gpu, attention_coop_lean() == 2)?),
                 true => Some(gpu.kernel("attention_coop", ATTENTION_COOP_SOURCE, &[R, W])?),
                 false => None,
             },
@@ -1012,16 +993,6 @@ impl Kernels {
             self.attention_coop = Some(gpu.kernel(name, &src, &[Access::Read, Access::ReadWrite])?);
         }
         self.attention_coop_queries = 16 * nsg;
-        Ok(self)
-    }
-
-    /// The same kernels with attention_coop.wgsl's `main_lean` (4 x 32), where the device
-    /// has it (tests hold it to the CPU and to `main`).
-    pub fn with_attention_coop_lean(mut self, gpu: &Gpu, q_held: bool) -> Result<Kernels> {
-        if self.attention_coop.is_some() {
-            self.attention_coop = Some(attention_coop_lean_kernel(gpu, q_held)?);
-        }
-        self.attention_coop_queries = 16 * 4;
         Ok(self)
     }
 

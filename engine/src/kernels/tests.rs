@@ -5,7 +5,7 @@
 
 use half::f16;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 use super::*;
 use crate::decode::StepRules;
@@ -1167,12 +1167,7 @@ fn attention_matches_reference() {
 /// the device has cooperative matrices that takes attention_coop.wgsl (head planes split
 /// first, key splits of 384 merged after); elsewhere the blocked kernel. Returns the kernels
 /// dispatched, sorted.
-fn run_attention_fused_with(kern: Kernels, r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static str> {
-    attention_fused_output(kern, r, t, heads).0
-}
-
-/// As [`run_attention_fused_with`], also returning the output rows.
-fn attention_fused_output(mut kern: Kernels, r: &mut StdRng, t: usize, heads: usize) -> (Vec<&'static str>, Vec<f32>) {
+fn run_attention_fused_with(mut kern: Kernels, r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static str> {
     let g = gpu();
     kern.reserve_blocked_attention(g, t as u32, heads as u32).unwrap();
     if let Some(part) = kern.blocked_partials.as_ref() {
@@ -1207,33 +1202,14 @@ fn attention_fused_output(mut kern: Kernels, r: &mut StdRng, t: usize, heads: us
     let want = ops::attention(&q, &k, &v, t, t, heads, d, None);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "fused attention t={t} h={heads}: rel err {e}");
-    (kernels_ran(&prof), got)
-}
-
-/// attention_coop.wgsl's main_lean computes main's products in main's order: the same bits
-/// (the inputs drawn twice from one seed), on shapes with a partial tile, partial blocks and
-/// a short last split. Where the device has no cooperative matrices both calls take the
-/// blocked kernel and agree trivially.
-#[test]
-fn attention_coop_lean_equals_main_bit_for_bit() {
-    let g = gpu();
-    let seed = rng("attention_coop_lean").random::<u64>();
-    for (t, heads) in [(70, 2), (1500, 1)] {
-        let (_, main) = attention_fused_output(Kernels::load(g).unwrap().with_attention_coop_shape(g, 4, 32).unwrap(), &mut StdRng::seed_from_u64(seed), t, heads);
-        let main: Vec<u32> = main.iter().map(|v| v.to_bits()).collect();
-        for q_held in [false, true] {
-            let (_, lean) = attention_fused_output(Kernels::load(g).unwrap().with_attention_coop_lean(g, q_held).unwrap(), &mut StdRng::seed_from_u64(seed), t, heads);
-            let lean: Vec<u32> = lean.iter().map(|v| v.to_bits()).collect();
-            assert!(lean == main, "t={t} heads={heads}, Q held {q_held}: main_lean's output differs from main's");
-        }
-    }
+    kernels_ran(&prof)
 }
 
 /// The encoder's self-attention on tensor cores (attention_coop.wgsl) against the CPU on the
 /// H200: a partial query tile, a partial last key block, several key splits with a short
 /// last one (1500 = 3 x 384 + 348), one head and several, planes and partials poisoned
-/// first; each shape of the kernel (main_lean, 4 subgroups x 32-dim rounds, shipped; main
-/// in 4 x 32, 2 x 32, 2 x 64, 4 x 64).
+/// first; each shape of the kernel (4 subgroups x 32-dim rounds, shipped; 2 x 32; 2 x 64;
+/// 4 x 64).
 /// Where the device has no cooperative matrices (lavapipe) the same calls take the blocked
 /// kernel and are held to the same reference.
 #[test]
@@ -1241,14 +1217,10 @@ fn attention_coop_matches_reference() {
     let mut r = rng("attention_coop");
     let g = gpu();
     let coop = Kernels::load(g).unwrap().attention_coop.is_some();
-    // Each shape of the kernel (subgroups x dims a P·V round; nsg 0 / 1: main_lean, 4 x 32,
-    // Q read at each block / held).
-    for (nsg, od, name) in [(0, 32, "attention_coop (lean)"), (1, 32, "attention_coop (lean, Q held)"), (4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
+    // Each shape of the kernel (subgroups x dims a P·V round): the shipped one and the lab's.
+    for (nsg, od, name) in [(4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
         let want: Vec<&str> = if coop { vec![name, "attention_merge", "split_f16_heads"] } else { vec!["attention_blocked", "attention_merge"] };
-        let kern = || match nsg {
-            0 | 1 => Kernels::load(g).unwrap().with_attention_coop_lean(g, nsg == 1).unwrap(),
-            _ => Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap(),
-        };
+        let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap();
         for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
             let mut ran = run_attention_fused_with(kern(), &mut r, t, heads);
             ran.sort_unstable();
