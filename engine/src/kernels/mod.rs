@@ -814,6 +814,8 @@ pub struct Kernels {
     /// Per row: 64 partial reductions of the logits + the probe logit (see select.wgsl).
     select_partials: Buffer,
     zero: Buffer,
+    /// A read-write binding nothing writes (gemm_into_planes' rows output).
+    unused_out: Buffer,
 }
 
 impl Kernels {
@@ -938,6 +940,7 @@ impl Kernels {
             select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W])?,
             select_partials: gpu.buffer("select partials", SELECT_ROW_PARTIALS * SELECT_ROWS as u64 * 4)?,
             zero: gpu.buffer("zero", 16)?,
+            unused_out: gpu.buffer("unused output", 16)?,
         };
         // `VERBATIM_ATTENTION_COOP_SHAPE=4x32` (subgroups x dims a round): another shape of
         // attention_coop.wgsl, to compare on a device.
@@ -1369,7 +1372,9 @@ impl Kernels {
             Some(narrow) if w.n <= self.narrow_max_n => (narrow, [w.n.div_ceil(self.tile.cols), m_pad.div_ceil(self.tile.rows), 1]),
             _ => (kernel, [w.n.div_ceil(64), m_pad.div_ceil(64), 1]),
         };
-        rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, &self.zero, out], groups, cost)
+        // (the rows output is not written here; its binding takes a buffer of its own, since
+        // `zero` may already be bound read-only as the missing bias)
+        rec.dispatch(kernel, bytemuck::bytes_of(&pp), &[planes, &w.buf, b, &self.unused_out, out], groups, cost)
     }
 
     /// The columns of the planes GEMM's tile for an output of `n` columns (n must be a
