@@ -339,3 +339,39 @@ mod vulkan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::gpu::{Access, Gpu, GpuOptions};
+    use crate::Error;
+
+    /// A device opened for compiler statistics reports them for each kernel compiled (the
+    /// H200's driver), or the opening fails with a clear refusal where the driver lacks the
+    /// extension (lavapipe of Mesa 22.3); a device opened without them refuses the query.
+    #[test]
+    fn statistics_or_a_clear_refusal() {
+        const PROBE: &str = "@group(0) @binding(0) var<uniform> p: vec4<u32>;
+@group(0) @binding(1) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) i: vec3<u32>) { o[i.x] = p.x + i.x; }
+";
+        match Gpu::new(&GpuOptions { pipeline_stats: true, ..Default::default() }) {
+            Ok(gpu) => {
+                gpu.kernel("statistics probe", PROBE, &[Access::ReadWrite]).unwrap();
+                let reports = gpu.pipeline_stats().unwrap();
+                assert_eq!(reports.len(), 1);
+                assert_eq!((reports[0].kernel, reports[0].entry.as_str()), ("statistics probe", "main"));
+                assert!(!reports[0].executables.is_empty(), "no executables");
+                for e in &reports[0].executables {
+                    assert!(!e.statistics.is_empty(), "executable {} without statistics", e.name);
+                }
+            }
+            Err(Error::Unsupported(m)) => {
+                assert!(m.contains("VK_KHR_pipeline_executable_properties") || m.contains("Vulkan"), "unclear refusal: {m}")
+            }
+            Err(e) => panic!("opening a device for compiler statistics: {e}"),
+        }
+        let plain = crate::testgpu::gpu();
+        assert!(matches!(plain.pipeline_stats(), Err(Error::Unsupported(_))), "a plain device answered the query");
+    }
+}

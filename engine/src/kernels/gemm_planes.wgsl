@@ -14,7 +14,7 @@
 // (bias, GELU, residual). Shape: 64x64 tiles of Y, 4 subgroups of 2x2 16x16 blocks (or
 // kernels/mod.rs's rewrites: TM rows x 32 WC columns, WR x WC subgroups of BR x 2 blocks), K in
 // slices of CK = 32 (kernels/mod.rs GEMM_PLANES_CK; 64, the kernel lab's gemm_planes.ck64,
-// measured slower in the engine: fc2 83 against 62 us) loaded a slice ahead into registers. n must be a multiple of 64, k of CK and m_pad of 64 (kernels/mod.rs falls
+// measured slower in the engine: fc2 83 against 62 us) loaded a slice ahead into registers. n must be a multiple of TN, k of CK and m_pad of 64 (kernels/mod.rs falls
 // back to gemm_coop.wgsl otherwise).
 // `enable f16; enable wgpu_cooperative_matrix;` and gelu.wgsl are prepended,
 // gemm_epilogue.wgsl and gemm_coop_emit.wgsl (LO_SCALE, `cs`, emit) appended.

@@ -822,6 +822,7 @@ impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
         let tile = GemmTile::NARROW;
+        // The planes GEMMs over 32-row tiles (32 x 64, and 32 x 128 for wide GEMMs).
         let planes_narrow = gpu.info.coop_matrix
             && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
             && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0");
@@ -845,17 +846,11 @@ impl Kernels {
                 false => None,
             },
             planes_out: None,
-            gemm_planes_narrow: match gpu.info.coop_matrix
-                && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
-                && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
-            {
+            gemm_planes_narrow: match planes_narrow {
                 true => Some(gpu.kernel(tile.names().0, &gemm_planes_tile_source(tile)?, &[R, R, R, W])?),
                 false => None,
             },
-            gemm_planes_out_narrow: match gpu.info.coop_matrix
-                && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
-                && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0")
-            {
+            gemm_planes_out_narrow: match planes_narrow {
                 true => Some(gpu.kernel(tile.names().1, &gemm_planes_out_tile_source(tile)?, &[R, R, R, W, W])?),
                 false => None,
             },
