@@ -1924,6 +1924,30 @@ fn recording_submitted_in_parts_equals_one_submission() {
     }
 }
 
+/// gemm_planes.wgsl's tiles: each one it builds has its rows, subgroups, workgroup size and
+/// emit tile rewritten (the source as written is the 64-row kernel); any other tile is
+/// refused, not built wrong.
+#[test]
+fn gemm_planes_tiles_rewrite_or_refuse() {
+    for t in [GemmTile::NARROW, GemmTile::WIDE] {
+        let src = super::gemm_planes_tile_source(t).unwrap();
+        let subgroups = (t.rows / 16) * (t.cols / 32);
+        for want in [
+            format!("const TM: u32 = {}u;", t.rows),
+            format!("const WR: u32 = {}u;", t.rows / 16),
+            format!("const WC: u32 = {}u;", t.cols / 32),
+            format!("@workgroup_size({})", 32 * subgroups),
+            format!("var<workgroup> cs: array<f32, {}>;", 320 * subgroups),
+        ] {
+            assert!(src.contains(&want), "{t:?}: no {want}");
+        }
+        assert!(super::gemm_planes_out_tile_source(t).unwrap().contains("emit_planes(c00"), "{t:?}: planes output not rewritten");
+    }
+    for (rows, cols) in [(64, 64), (64, 128), (32, 256), (16, 64), (32, 96)] {
+        assert!(super::gemm_planes_tile_source(GemmTile { rows, cols }).is_err(), "{rows} x {cols} was built");
+    }
+}
+
 /// attention_coop.wgsl's shapes: each one it builds has its subgroups, its P·V round width
 /// and its workgroup size rewritten (the source as written is 4 x 32); any other shape is
 /// refused, not built wrong.
