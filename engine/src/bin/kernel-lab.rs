@@ -61,6 +61,7 @@ const COPY: &str = include_str!("kernel_lab/copy.wgsl");
 const CHAIN: &str = include_str!("kernel_lab/chain.wgsl");
 const WARM: &str = include_str!("kernel_lab/warm.wgsl");
 const CHAIN_VARIANTS: &str = include_str!("kernel_lab/chain_variants.wgsl");
+const GRID_SYNC: &str = include_str!("kernel_lab/grid_sync.wgsl");
 const SUBGROUP_SIZE: &str = include_str!("kernel_lab/subgroup_size.wgsl");
 const COOP: &str = concat!("enable f16;\nenable wgpu_cooperative_matrix;\n", include_str!("kernel_lab/coop.wgsl"));
 const SPLIT_F16: &str = engine::kernels::SPLIT_F16_SOURCE;
@@ -91,6 +92,7 @@ struct Args {
     gemm_only: bool,
     rows_only: bool,
     gemv_only: bool,
+    grid_only: bool,
 }
 
 const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps R] [--n N] [--k K] [--chain N]
@@ -108,7 +110,10 @@ const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps
                2256 workgroups and K of 32 to 1536: latency or throughput)
   --rows-only  only the copy ceiling, the row-major GEMV (gemv_rows.wgsl) and the decode GEMVs
                with and without their folded LayerNorm, on --n x --k
-  --gemv-only  everything but the cooperative-matrix sections (GEMVs, dispatch and submit costs)";
+  --gemv-only  everything but the cooperative-matrix sections (GEMVs, dispatch and submit costs)
+  --grid-only  only the grid-barrier rows: --chain phases of one dispatch synchronised through a
+               counter in memory, and a chain of 36 decode GEMVs (384 x 384) as dependent
+               dispatches against one dispatch with a grid barrier between the GEMVs";
 
 fn parse_args() -> Result<Args, String> {
     let mut small = false;
@@ -118,6 +123,7 @@ fn parse_args() -> Result<Args, String> {
     let mut gemm_only = false;
     let mut rows_only = false;
     let mut gemv_only = false;
+    let mut grid_only = false;
     let (mut mib, mut n, mut k) = (None, None, None);
     let (mut batches, mut reps, mut chain) = (5u32, None, 256u32);
     let mut it = std::env::args().skip(1);
@@ -134,6 +140,7 @@ fn parse_args() -> Result<Args, String> {
             "--gemm-only" => gemm_only = true,
             "--rows-only" => rows_only = true,
             "--gemv-only" => gemv_only = true,
+            "--grid-only" => grid_only = true,
             "--mib" => mib = Some(value::<u64>(&mut it, "--mib")?),
             "--batches" => batches = value(&mut it, "--batches")?,
             "--reps" => reps = Some(value::<u32>(&mut it, "--reps")?),
@@ -161,6 +168,7 @@ fn parse_args() -> Result<Args, String> {
         gemm_only,
         rows_only,
         gemv_only,
+        grid_only,
     };
     if args.batches == 0 || args.reps == 0 || args.chain == 0 || args.copy_mib == 0 {
         return Err("--batches, --reps, --chain and --mib must be at least 1".into());
@@ -942,6 +950,177 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
         })?;
         row.dep = Some(Timing { best: t.best / n as f64, worst: t.worst / n as f64, ..t });
         row.check = "ok".into();
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Phases of grid_sync.wgsl's GEMV chain (a tiny.en decode step is 37 dependent kernels).
+const GRID_GEMVS: u32 = 36;
+/// grid_sync.wgsl's GEMV shape and the workgroups that compute it (N / 32).
+const GRID_N: usize = 384;
+const GRID_TILES: u32 = 12;
+
+/// Grid-wide barriers in one dispatch (kernel_lab/grid_sync.wgsl) against the dependent
+/// dispatches a decode step is made of. Each row's time is per phase. Nothing in Vulkan
+/// promises that a workgroup waiting on another makes progress unless both are resident, so
+/// grids stay small (at most 132 workgroups of 256 threads: one an SM on an H200) and a CPU
+/// adapter, which runs workgroups a few at a time, is skipped.
+fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let rw = Access::ReadWrite;
+    let barrier = gpu.kernel_entry("lab.grid.barrier", GRID_SYNC, "main_barrier", &[Access::Read, rw, rw, rw])?;
+    let barrier_atomic = gpu.kernel_entry("lab.grid.barrier_atomic", GRID_SYNC, "main_barrier_atomic", &[Access::Read, rw, rw, rw])?;
+    let phase = gpu.kernel_entry("lab.grid.phase", GRID_SYNC, "main_phase", &[Access::Read, rw, rw, rw])?;
+    let chain = gpu.kernel_entry("lab.grid.chain", GRID_SYNC, "main_chain", &[Access::Read, rw, rw, rw])?;
+    let late = gpu.kernel_entry("lab.grid.chain_late", GRID_SYNC, "main_chain_late", &[Access::Read, rw, rw, rw])?;
+    let chain_atomic = gpu.kernel_entry("lab.grid.chain_atomic", GRID_SYNC, "main_chain_atomic", &[Access::Read, rw, rw, rw])?;
+    // [counter, timeouts, .., 32: main_barrier_atomic's two message rows of 132 x 32 words]
+    let sync = gpu.buffer("lab grid sync", (32 + 2 * 132 * 32) * 4)?;
+    let runs = (lab.batches + 1) as f32;
+    let mut rows = Vec::new();
+
+    // The GEMV chain: x[i + 1] = W[i] x[i], weights scaled to keep |x| near 1.
+    let n = GRID_N;
+    let mut st = 0x9e1d_5eedu64;
+    let scale = (3.0 / n as f32).sqrt();
+    let wbits: Vec<u16> =
+        (0..GRID_GEMVS as usize * n * n).map(|_| half::f16::from_f32(unit(&mut st) * scale).to_bits()).collect();
+    let x0: Vec<f32> = (0..n).map(|_| unit(&mut st)).collect();
+    let mut x: Vec<f64> = x0.iter().map(|&v| v as f64).collect();
+    let mut want_rows = Vec::new();
+    for wi in wbits.chunks_exact(n * n) {
+        let mut y = vec![0f64; n];
+        for (kk, row) in wi.chunks_exact(n).enumerate() {
+            for (o, b) in y.iter_mut().zip(row) {
+                *o += x[kk] * half::f16::from_bits(*b).to_f64();
+            }
+        }
+        want_rows.push(y.clone());
+        x = y;
+    }
+    let w = gpu.upload("lab grid gemv w", bytemuck::cast_slice(&wbits))?;
+    // Rows start 128-byte aligned (wgpu aligns buffers to at least 256 bytes) or, with
+    // `skew` = 2 floats before x[0], straddle the lines.
+    let xs = gpu.buffer("lab grid gemv x", ((GRID_GEMVS as u64 + 1) * n as u64 + 2) * 4)?;
+    let bytes = GRID_GEMVS as u64 * (n * n * 2 + n * 8) as u64;
+    let skew = std::cell::Cell::new(0u32);
+    let check = |what: &str| -> LabResult<String> {
+        let timeouts = gpu.read_u32(&sync, 1, 1)?[0];
+        if timeouts != 0 {
+            return Ok(format!("WRONG ({timeouts} spins gave up)"));
+        }
+        let got = gpu.read_f32(&xs, skew.get() as u64 + GRID_GEMVS as u64 * n as u64, n)?;
+        let rel = rel_to(&got, &x);
+        if rel <= REL_BOUND {
+            return Ok(format!("ok {what} (rel {rel:.1e})"));
+        }
+        // Where the chain first went wrong, and how.
+        let all = gpu.read_f32(&xs, skew.get() as u64 + n as u64, GRID_GEMVS as usize * n)?;
+        for (i, (g, want)) in all.chunks_exact(n).zip(&want_rows).enumerate() {
+            let r = rel_to(g, want);
+            if r.is_nan() || r > REL_BOUND {
+                let nan = g.iter().filter(|v| v.is_nan()).count();
+                let zero = g.iter().filter(|&&v| v == 0.0).count();
+                return Ok(format!("WRONG {what} (rel {rel:.1e}; first at GEMV {i}: rel {r:.1e}, {nan} NaN, {zero} zero)"));
+            }
+        }
+        Ok(format!("WRONG {what} (rel {rel:.1e})"))
+    };
+    let poison = || {
+        gpu.fill_u32(&xs, 0x7fc0_0000);
+        gpu.write(&xs, skew.get() as u64 * 4, bytemuck::cast_slice(&x0));
+        gpu.fill_u32(&sync, 0);
+    };
+
+    for (name, sk, what) in [("grid.gemv_dispatches", 0u32, ""), ("grid.gemv_dispatches.skew", 2, ", rows straddling 128-byte lines")] {
+        eprintln!("  {name}");
+        skew.set(sk);
+        poison();
+        let binds: Vec<wgpu::BindGroup> = (0..GRID_GEMVS)
+            .map(|i| lab.bind(&phase, &lab.uniform(&[GRID_GEMVS, GRID_TILES, i, sk]), &[&w, &xs, &sync, &xs]))
+            .collect();
+        let mut row = Row::new(
+            Section::Probe,
+            name,
+            &format!("{GRID_GEMVS} dependent 384x384 GEMVs, a dispatch of {GRID_TILES} workgroups each{what} (per GEMV)"),
+        );
+        row.dep = Some(lab.time(&phase, &binds, [GRID_TILES, 1], GRID_GEMVS)?);
+        row.bytes = Some(bytes / GRID_GEMVS as u64);
+        row.check = check("vs CPU")?;
+        rows.push(row);
+    }
+
+    if gpu.info.is_cpu() {
+        println!("grid barriers: skipped on a CPU adapter (its workgroups are not all resident at once)");
+        return Ok(rows);
+    }
+    // Barrier alone: a message passed to the neighbour each phase.
+    let phases = phases.next_multiple_of(2);
+    for (name, groups, turn) in [
+        ("grid.barrier12", 12u32, 0u32),
+        ("grid.barrier132", 132, 0),
+        ("grid.barrier132.reuse", 132, 1),
+        ("grid.barrier132.atomic", 132, 2),
+    ] {
+        eprintln!("  {name}");
+        let k = if turn == 2 { &barrier_atomic } else { &barrier };
+        let rows_n = if turn >= 1 { 2 } else { phases as u64 + 1 };
+        let msg = gpu.buffer("lab grid msg", rows_n * groups as u64 * 32 * 4)?;
+        gpu.fill_u32(&sync, 0);
+        let dummy = gpu.buffer("lab grid w", 16)?;
+        let bind = lab.bind(k, &lab.uniform(&[phases, groups, turn, 0]), &[&dummy, &msg, &sync, &msg]);
+        let what = match turn {
+            0 => "a fresh message row each phase",
+            1 => "two message rows in turn",
+            _ => "two message rows in turn, atomic loads and stores",
+        };
+        let mut row = Row::new(
+            Section::Probe,
+            name,
+            &format!("{phases} grid barriers in one dispatch of {groups} workgroups, {what} (per barrier)"),
+        );
+        let t = lab.time(k, &[bind], [groups, 1], 1)?;
+        row.dep = Some(Timing { best: t.best / phases as f64, worst: t.worst / phases as f64, ..t });
+        let timeouts = gpu.read_u32(&sync, 1, 1)?[0];
+        let last = if turn >= 1 { 0 } else { phases as u64 };
+        let got: Vec<f32> = if turn == 2 {
+            gpu.read_u32(&sync, 32, groups as usize * 32)?.iter().map(|&v| v as f32).collect()
+        } else {
+            gpu.read_f32(&msg, last * groups as u64 * 32, groups as usize * 32)?
+        };
+        let want = if turn >= 1 { runs * phases as f32 } else { phases as f32 };
+        let bad: Vec<f32> = (0..groups as usize).map(|w| got[w * 32]).filter(|&v| v != want).collect();
+        row.check = match (timeouts, bad.len()) {
+            (0, 0) => "ok".into(),
+            (0, b) => format!("WRONG ({b} of {groups} messages, e.g. {} for {want})", bad[0]),
+            (t, _) => format!("WRONG ({t} spins gave up)"),
+        };
+        rows.push(row);
+    }
+
+    for (name, k, groups, sk, what) in [
+        ("grid.gemv_sync12", &chain_atomic, GRID_TILES, 0, "next weights loaded before each barrier, x by atomic loads"),
+        ("grid.gemv_sync132", &chain_atomic, 132, 0, "next weights loaded before each barrier, x by atomic loads"),
+        ("grid.gemv_sync132.skew", &chain_atomic, 132, 2, "the same, rows straddling 128-byte lines"),
+        ("grid.gemv_sync12.plain", &chain, GRID_TILES, 0, "next weights loaded before each barrier, x by plain loads"),
+        ("grid.gemv_sync132.plain", &chain, 132, 0, "next weights loaded before each barrier, x by plain loads"),
+        ("grid.gemv_sync132.plain_skew", &chain, 132, 2, "the same, rows straddling 128-byte lines"),
+        ("grid.gemv_sync12.late", &late, GRID_TILES, 0, "weights loaded after each barrier, x by plain loads"),
+    ] {
+        eprintln!("  {name}");
+        skew.set(sk);
+        poison();
+        let bind = lab.bind(k, &lab.uniform(&[GRID_GEMVS, groups, 0, sk]), &[&w, &xs, &sync, &xs]);
+        let mut row = Row::new(
+            Section::Probe,
+            name,
+            &format!("{GRID_GEMVS} GEMVs in one dispatch of {groups} workgroups, a grid barrier between, {what} (per GEMV)"),
+        );
+        let t = lab.time(k, &[bind], [groups, 1], 1)?;
+        row.dep = Some(Timing { best: t.best / GRID_GEMVS as f64, worst: t.worst / GRID_GEMVS as f64, ..t });
+        row.bytes = Some(bytes / GRID_GEMVS as u64);
+        row.check = check("vs CPU")?;
         rows.push(row);
     }
     Ok(rows)
@@ -2290,6 +2469,15 @@ fn run(args: &Args) -> LabResult<()> {
     println!("gemv: N {} x K {} f16 = {} MiB of weights, M = 1", args.n, args.k, mib(wbytes));
 
     let mut rows = Vec::new();
+    if args.grid_only {
+        lab.warm("the grid barriers")?;
+        eprintln!("grid barriers");
+        rows.extend(chain_rows(&lab, args.chain)?.into_iter().filter(|r| r.name == "chain.dependent" || r.name == "chain.grid256"));
+        rows.extend(grid_sync_rows(&lab, args.chain)?);
+        gpu.check()?;
+        print_table(&rows, &clock_note);
+        return Ok(());
+    }
     lab.warm("the copy ceiling")?;
     eprintln!("copy ceiling ({} MiB)", mib(copy_bytes));
     rows.extend(copy_rows(&lab, copy_bytes, args.reps)?);
