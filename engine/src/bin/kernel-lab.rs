@@ -972,6 +972,7 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
     let barrier = gpu.kernel_entry("lab.grid.barrier", GRID_SYNC, "main_barrier", &[Access::Read, rw, rw, rw])?;
     let barrier_atomic = gpu.kernel_entry("lab.grid.barrier_atomic", GRID_SYNC, "main_barrier_atomic", &[Access::Read, rw, rw, rw])?;
     let phase = gpu.kernel_entry("lab.grid.phase", GRID_SYNC, "main_phase", &[Access::Read, rw, rw, rw])?;
+    let phase_dyn = gpu.kernel_entry("lab.grid.phase_dyn", GRID_SYNC, "main_phase_dyn", &[Access::Read, rw, rw, rw])?;
     let chain = gpu.kernel_entry("lab.grid.chain", GRID_SYNC, "main_chain", &[Access::Read, rw, rw, rw])?;
     let late = gpu.kernel_entry("lab.grid.chain_late", GRID_SYNC, "main_chain_late", &[Access::Read, rw, rw, rw])?;
     let chain_atomic = gpu.kernel_entry("lab.grid.chain_atomic", GRID_SYNC, "main_chain_atomic", &[Access::Read, rw, rw, rw])?;
@@ -1033,21 +1034,77 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
         gpu.fill_u32(&sync, 0);
     };
 
-    for (name, sk, what) in [("grid.gemv_dispatches", 0u32, ""), ("grid.gemv_dispatches.skew", 2, ", rows straddling 128-byte lines")] {
+    for (name, k, sk, what) in [
+        ("grid.gemv_dispatches", &phase, 0u32, ""),
+        ("grid.gemv_dispatches.skew", &phase, 2, ", rows straddling 128-byte lines"),
+        ("grid.gemv_dispatches.dyn", &phase_dyn, 0, ", N and K read from the parameters"),
+    ] {
         eprintln!("  {name}");
         skew.set(sk);
         poison();
         let binds: Vec<wgpu::BindGroup> = (0..GRID_GEMVS)
-            .map(|i| lab.bind(&phase, &lab.uniform(&[GRID_GEMVS, GRID_TILES, i, sk]), &[&w, &xs, &sync, &xs]))
+            .map(|i| lab.bind(k, &lab.uniform(&[GRID_GEMVS, GRID_TILES, i, sk, GRID_N as u32, GRID_N as u32, 0, 0]), &[&w, &xs, &sync, &xs]))
             .collect();
         let mut row = Row::new(
             Section::Probe,
             name,
             &format!("{GRID_GEMVS} dependent 384x384 GEMVs, a dispatch of {GRID_TILES} workgroups each{what} (per GEMV)"),
         );
-        row.dep = Some(lab.time(&phase, &binds, [GRID_TILES, 1], GRID_GEMVS)?);
+        row.dep = Some(lab.time(k, &binds, [GRID_TILES, 1], GRID_GEMVS)?);
         row.bytes = Some(bytes / GRID_GEMVS as u64);
         row.check = check("vs CPU")?;
+        rows.push(row);
+    }
+
+    // The engine's decode GEMVs (gemv.wgsl main_m1 and main_m1v4, no flags) in the same
+    // chain: each matrix its own buffer, X rows read from one buffer and written to the
+    // other in turn (a buffer cannot be bound as X and Y at once), row i + 1 = W[i] row i.
+    let mats: Vec<wgpu::Buffer> = wbits
+        .chunks_exact(n * n)
+        .map(|c| gpu.upload("lab grid m1 w", bytemuck::cast_slice(c)))
+        .collect::<Result<_, _>>()?;
+    let rows_ab = [gpu.buffer("lab grid m1 a", (GRID_GEMVS as u64 + 1) * n as u64 * 4)?, gpu.buffer("lab grid m1 b", (GRID_GEMVS as u64 + 1) * n as u64 * 4)?];
+    let zero = gpu.buffer("lab grid m1 zero", 16)?;
+    let r = Access::Read;
+    // `.const_flags`: the same kernels with the LayerNorm and merge switches rewritten to
+    // `false` (what specialising a kernel for its flags would buy: every x load of
+    // main_m1 sits behind those two uniform branches).
+    let const_flags = engine::kernels::rewrite_source(
+        "const_flags",
+        engine::kernels::GEMV_SOURCE,
+        &[
+            ("fn ln_on() -> bool {\n    return (p.flags & 16u) != 0u;\n}", "fn ln_on() -> bool {\n    return false;\n}"),
+            ("fn merge_on() -> bool {\n    return (p.flags & 32u) != 0u;\n}", "fn merge_on() -> bool {\n    return false;\n}"),
+        ],
+    )?;
+    for (name, entry, per_wg, src) in [
+        ("grid.gemv_dispatches.main_m1", "main_m1", 16u32, engine::kernels::GEMV_SOURCE),
+        ("grid.gemv_dispatches.main_m1v4", "main_m1v4", 32, engine::kernels::GEMV_SOURCE),
+        ("grid.gemv_dispatches.main_m1.const_flags", "main_m1", 16u32, const_flags.as_str()),
+        ("grid.gemv_dispatches.main_m1v4.const_flags", "main_m1v4", 32, const_flags.as_str()),
+    ] {
+        eprintln!("  {name}");
+        let k = gpu.kernel_entry(static_name(&format!("lab.{name}")), src, entry, &[r, r, r, r, r, Access::ReadWrite])?;
+        for b in &rows_ab {
+            gpu.fill_u32(b, 0x7fc0_0000);
+        }
+        gpu.write(&rows_ab[0], 0, bytemuck::cast_slice(&x0));
+        let nn = n as u32;
+        let binds: Vec<wgpu::BindGroup> = (0..GRID_GEMVS)
+            .map(|i| {
+                let (src, dst) = (&rows_ab[i as usize % 2], &rows_ab[(i as usize + 1) % 2]);
+                // gemv.wgsl's Params: m n k flags x_off x_stride y_off y_stride eps pad*3
+                let params = lab.uniform(&[1, nn, nn, 0, i * nn, nn, (i + 1) * nn, nn, 0, 0, 0, 0]);
+                lab.bind(&k, &params, &[src, &mats[i as usize], &zero, &zero, &zero, dst])
+            })
+            .collect();
+        let mut row = Row::new(Section::Probe, name, &format!("{GRID_GEMVS} dependent 384x384 GEMVs, the engine's {entry} (per GEMV)"));
+        row.dep = Some(lab.time(&k, &binds, [(n as u32).div_ceil(per_wg), 1], GRID_GEMVS)?);
+        row.bytes = Some(bytes / GRID_GEMVS as u64);
+        let last = &rows_ab[GRID_GEMVS as usize % 2];
+        let got = gpu.read_f32(last, GRID_GEMVS as u64 * n as u64, n)?;
+        let rel = rel_to(&got, &x);
+        row.check = if rel <= REL_BOUND { format!("ok vs CPU (rel {rel:.1e})") } else { format!("WRONG vs CPU (rel {rel:.1e})") };
         rows.push(row);
     }
 
@@ -1069,7 +1126,7 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
         let msg = gpu.buffer("lab grid msg", rows_n * groups as u64 * 32 * 4)?;
         gpu.fill_u32(&sync, 0);
         let dummy = gpu.buffer("lab grid w", 16)?;
-        let bind = lab.bind(k, &lab.uniform(&[phases, groups, turn, 0]), &[&dummy, &msg, &sync, &msg]);
+        let bind = lab.bind(k, &lab.uniform(&[phases, groups, turn, 0, 0, 0, 0, 0]), &[&dummy, &msg, &sync, &msg]);
         let what = match turn {
             0 => "a fresh message row each phase",
             1 => "two message rows in turn",
@@ -1111,7 +1168,7 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
         eprintln!("  {name}");
         skew.set(sk);
         poison();
-        let bind = lab.bind(k, &lab.uniform(&[GRID_GEMVS, groups, 0, sk]), &[&w, &xs, &sync, &xs]);
+        let bind = lab.bind(k, &lab.uniform(&[GRID_GEMVS, groups, 0, sk, 0, 0, 0, 0]), &[&w, &xs, &sync, &xs]);
         let mut row = Row::new(
             Section::Probe,
             name,
@@ -1997,8 +2054,12 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     let mut variants: Vec<(String, String, String, &str, u32, usize, bool)> = Vec::new();
     for (family, src, entry, per_wg, layout) in [
         ("m1", engine::kernels::GEMV_SOURCE, "main_m1", 16u32, 0usize),
+        ("m1v4", engine::kernels::GEMV_SOURCE, "main_m1v4", 32, 0),
         ("rows", engine::kernels::GEMV_ROWS_SOURCE, "main", 32, 1),
     ] {
+        if family == "m1v4" && !n.is_multiple_of(8) {
+            continue;
+        }
         for (stats, ln, change) in [
             ("", false, "no LayerNorm"),
             (".ln", true, "LayerNorm folded in, as shipped (two passes, two trees)"),
@@ -2406,12 +2467,13 @@ fn run(args: &Args) -> LabResult<()> {
     };
     let yes = |b: bool| if b { "yes" } else { "no" };
     println!(
-        "adapter: {} ({}, {}), driver {}; shader runtime checks {}",
+        "adapter: {} ({}, {}), driver {}; shader runtime checks {}; workgroup memory zeroed {}",
         info.name,
         info.backend,
         info.device_type,
         info.driver,
-        if info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" }
+        if info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" },
+        if info.workgroup_zeroing { "yes" } else { "no" }
     );
     let subgroup = if info.subgroups { Some(probe_subgroup_size(&lab)?) } else { None };
     println!(

@@ -417,3 +417,197 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         finish_pre(s.y, yb + 2u * cw + 1u, eb.y, ey.y);
     }
 }
+
+// `main_m1v4`: main_m1 (one row a grid layer, every flag) over another shape, for N a
+// multiple of 8. A thread reads one vec4 word (8 columns) of each of its weight rows
+// k = l + 64 j: V4_WORDS = 4 words (32 columns) x V4_KL = 64 K lanes a workgroup, so a
+// tiny.en 384 x 384 GEMV is 12 workgroups each loading 6 wide words a thread, where main_m1
+// is 24 each loading 12 narrow ones. The kernel lab's dependent chain on the H200 (same run):
+// a 384 x 384 GEMV of this shape 2.84 us, main_m1 3.88 (bench/RESULTS.md 2026-12-04,
+// fourth session). Its sums run in another order than main_m1's, so a row's bits are this
+// kernel's own; like main_m1 it computes each row exactly as a lone row (a verify pass's
+// rows equal single steps bit for bit).
+@group(0) @binding(2) var<storage, read> w4: array<vec4<u32>>; // w as words of 8 columns
+const V4_WORDS: u32 = 4u;
+const V4_KL: u32 = 64u; // V4_WORDS * V4_KL = WG
+var<workgroup> red4: array<vec4<f32>, 512>; // [K lane][word][columns 0-3, 4-7]
+
+fn mac4(a: ptr<function, vec4<f32>>, b: ptr<function, vec4<f32>>, v: f32, word: vec4<u32>) {
+    *a = fma(vec4<f32>(v), vec4<f32>(unpack2x16float(word.x), unpack2x16float(word.y)), *a);
+    *b = fma(vec4<f32>(v), vec4<f32>(unpack2x16float(word.z), unpack2x16float(word.w)), *b);
+}
+
+@compute @workgroup_size(256)
+fn main_m1v4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let nq = p.n / 8u;
+    let word = lid % V4_WORDS;
+    let kl = lid / V4_WORDS;
+    let q0 = (wg.x + wg.y * 32768u) * V4_WORDS;
+    let cq = q0 + word;
+    let live = cq < nq;
+    let row = wg.z;
+    let yb = p.y_off + row * p.y_stride;
+    // This lane's rows: k = kl + 64 j for j < nj.
+    var nj = 0u;
+    if (kl < p.k) {
+        nj = (p.k - kl + V4_KL - 1u) / V4_KL;
+    }
+    // The first (up to) eight rows' words are issued before the LayerNorm statistics, with
+    // their x, gamma and beta (as main_m1's LN_AHEAD): tiny.en's K = 384 is six rows a lane.
+    var npre = 0u;
+    if (live) {
+        npre = min(nj, 8u);
+    }
+    var r0 = vec4<u32>(0u);
+    var r1 = vec4<u32>(0u);
+    var r2 = vec4<u32>(0u);
+    var r3 = vec4<u32>(0u);
+    var r4 = vec4<u32>(0u);
+    var r5 = vec4<u32>(0u);
+    var r6 = vec4<u32>(0u);
+    var r7 = vec4<u32>(0u);
+    let ws = V4_KL * nq; // words from one of this lane's rows to the next
+    let wb = kl * nq + cq;
+    if (npre > 0u) { r0 = w4[wb]; }
+    if (npre > 1u) { r1 = w4[wb + ws]; }
+    if (npre > 2u) { r2 = w4[wb + 2u * ws]; }
+    if (npre > 3u) { r3 = w4[wb + 3u * ws]; }
+    if (npre > 4u) { r4 = w4[wb + 4u * ws]; }
+    if (npre > 5u) { r5 = w4[wb + 5u * ws]; }
+    if (npre > 6u) { r6 = w4[wb + 6u * ws]; }
+    if (npre > 7u) { r7 = w4[wb + 7u * ws]; }
+    let ahead = LN_AHEAD && ln_on() && !merge_on();
+    var x0 = 0.0;
+    var x1 = 0.0;
+    var x2 = 0.0;
+    var x3 = 0.0;
+    var x4 = 0.0;
+    var x5 = 0.0;
+    var x6 = 0.0;
+    var x7 = 0.0;
+    var g0 = 0.0;
+    var g1 = 0.0;
+    var g2 = 0.0;
+    var g3 = 0.0;
+    var g4 = 0.0;
+    var g5 = 0.0;
+    var g6 = 0.0;
+    var g7 = 0.0;
+    var e0 = 0.0;
+    var e1 = 0.0;
+    var e2 = 0.0;
+    var e3 = 0.0;
+    var e4 = 0.0;
+    var e5 = 0.0;
+    var e6 = 0.0;
+    var e7 = 0.0;
+    if (ahead) {
+        let xb = p.x_off + row * p.x_stride + kl;
+        if (npre > 0u) { x0 = x[xb]; g0 = gamma[kl]; e0 = beta[kl]; }
+        if (npre > 1u) { x1 = x[xb + V4_KL]; g1 = gamma[kl + V4_KL]; e1 = beta[kl + V4_KL]; }
+        if (npre > 2u) { x2 = x[xb + 2u * V4_KL]; g2 = gamma[kl + 2u * V4_KL]; e2 = beta[kl + 2u * V4_KL]; }
+        if (npre > 3u) { x3 = x[xb + 3u * V4_KL]; g3 = gamma[kl + 3u * V4_KL]; e3 = beta[kl + 3u * V4_KL]; }
+        if (npre > 4u) { x4 = x[xb + 4u * V4_KL]; g4 = gamma[kl + 4u * V4_KL]; e4 = beta[kl + 4u * V4_KL]; }
+        if (npre > 5u) { x5 = x[xb + 5u * V4_KL]; g5 = gamma[kl + 5u * V4_KL]; e5 = beta[kl + 5u * V4_KL]; }
+        if (npre > 6u) { x6 = x[xb + 6u * V4_KL]; g6 = gamma[kl + 6u * V4_KL]; e6 = beta[kl + 6u * V4_KL]; }
+        if (npre > 7u) { x7 = x[xb + 7u * V4_KL]; g7 = gamma[kl + 7u * V4_KL]; e7 = beta[kl + 7u * V4_KL]; }
+    }
+    // The epilogue's bias and residual of the column this thread finishes (lid < 32:
+    // column lid % 8 of word lid / 8), loaded ahead too.
+    let fq = q0 + lid / 8u;
+    let fc = 8u * fq + lid % 8u;
+    let fin = lid < 32u && fq < nq;
+    var eb = 0.0;
+    var ey = 0.0;
+    if (fin) {
+        if ((p.flags & 1u) != 0u) {
+            eb = bias[fc];
+        }
+        if ((p.flags & 4u) != 0u) {
+            ey = y[yb + fc];
+        }
+    }
+    if (ln_on()) {
+        row_stats(row, row + 1u, lid);
+    }
+    if (merge_on()) {
+        merge_row(row, lid);
+    }
+    // Columns 0-3 and 4-7 of the word, even and odd j apart (two chains of fmas).
+    var a0 = vec4<f32>(0.0);
+    var b0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var b1 = vec4<f32>(0.0);
+    if (live) {
+        // Row j into a0/b0 when j is even, a1/b1 when odd, in every branch below.
+        if (ahead) {
+            if (npre > 0u) { mac4(&a0, &b0, ln_with(x0, row, g0, e0), r0); }
+            if (npre > 1u) { mac4(&a1, &b1, ln_with(x1, row, g1, e1), r1); }
+            if (npre > 2u) { mac4(&a0, &b0, ln_with(x2, row, g2, e2), r2); }
+            if (npre > 3u) { mac4(&a1, &b1, ln_with(x3, row, g3, e3), r3); }
+            if (npre > 4u) { mac4(&a0, &b0, ln_with(x4, row, g4, e4), r4); }
+            if (npre > 5u) { mac4(&a1, &b1, ln_with(x5, row, g5, e5), r5); }
+            if (npre > 6u) { mac4(&a0, &b0, ln_with(x6, row, g6, e6), r6); }
+            if (npre > 7u) { mac4(&a1, &b1, ln_with(x7, row, g7, e7), r7); }
+        } else {
+            if (npre > 0u) { mac4(&a0, &b0, xv(row, kl), r0); }
+            if (npre > 1u) { mac4(&a1, &b1, xv(row, kl + V4_KL), r1); }
+            if (npre > 2u) { mac4(&a0, &b0, xv(row, kl + 2u * V4_KL), r2); }
+            if (npre > 3u) { mac4(&a1, &b1, xv(row, kl + 3u * V4_KL), r3); }
+            if (npre > 4u) { mac4(&a0, &b0, xv(row, kl + 4u * V4_KL), r4); }
+            if (npre > 5u) { mac4(&a1, &b1, xv(row, kl + 5u * V4_KL), r5); }
+            if (npre > 6u) { mac4(&a0, &b0, xv(row, kl + 6u * V4_KL), r6); }
+            if (npre > 7u) { mac4(&a1, &b1, xv(row, kl + 7u * V4_KL), r7); }
+        }
+        var j = npre;
+        for (; j + 4u <= nj; j += 4u) {
+            let k = kl + j * V4_KL;
+            let u0 = w4[wb + j * ws];
+            let u1 = w4[wb + (j + 1u) * ws];
+            let u2 = w4[wb + (j + 2u) * ws];
+            let u3 = w4[wb + (j + 3u) * ws];
+            mac4(&a0, &b0, xv(row, k), u0);
+            mac4(&a1, &b1, xv(row, k + V4_KL), u1);
+            mac4(&a0, &b0, xv(row, k + 2u * V4_KL), u2);
+            mac4(&a1, &b1, xv(row, k + 3u * V4_KL), u3);
+        }
+        if (j + 2u <= nj) {
+            let k = kl + j * V4_KL;
+            let u0 = w4[wb + j * ws];
+            let u1 = w4[wb + (j + 1u) * ws];
+            mac4(&a0, &b0, xv(row, k), u0);
+            mac4(&a1, &b1, xv(row, k + V4_KL), u1);
+            j += 2u;
+        }
+        if (j < nj) {
+            mac4(&a0, &b0, xv(row, kl + j * V4_KL), w4[wb + j * ws]);
+        }
+    }
+    // The 64 K lanes' tree, two levels per barrier (lanes l, l + 16, l + 32, l + 48, then
+    // l, l + 4, l + 8, l + 12, then the last four by the finishing threads).
+    let slot = 2u * lid; // = 2 (kl * V4_WORDS + word)
+    red4[slot] = a0 + a1;
+    red4[slot + 1u] = b0 + b1;
+    workgroupBarrier();
+    if (kl < 16u) {
+        for (var h = 0u; h < 2u; h++) {
+            let s = slot + h;
+            red4[s] = (red4[s] + red4[s + 256u]) + (red4[s + 128u] + red4[s + 384u]);
+        }
+    }
+    workgroupBarrier();
+    if (kl < 4u) {
+        for (var h = 0u; h < 2u; h++) {
+            let s = slot + h;
+            red4[s] = (red4[s] + red4[s + 64u]) + (red4[s + 32u] + red4[s + 96u]);
+        }
+    }
+    workgroupBarrier();
+    if (fin) {
+        // Lanes 0-3 of word lid / 8, column lid % 8: vec4 h = (lid % 8) / 4, component lid % 4.
+        let s = 2u * (lid / 8u) + (lid % 8u) / 4u;
+        let c = lid % 4u;
+        let v = (red4[s][c] + red4[s + 16u][c]) + (red4[s + 8u][c] + red4[s + 24u][c]);
+        finish_pre(v, yb + fc, eb, ey);
+    }
+}

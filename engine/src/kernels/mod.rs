@@ -27,6 +27,8 @@ const SELECT_ROW_PARTIALS: u64 = SELECT_GROUPS * 9 + 1;
 
 /// Column pairs per GEMV workgroup (`CP` in gemv.wgsl).
 const GEMV_COLUMN_PAIRS: u32 = 8;
+/// gemv.wgsl `main_m1v4`: 4 vec4 words of 8 columns a workgroup (V4_WORDS).
+const GEMV_V4_COLUMN_PAIRS: u32 = 16;
 
 /// Column pairs per workgroup of the streaming GEMV (gemv_stream.wgsl: 8 threads x 8 columns).
 const GEMV_STREAM_COLUMN_PAIRS: u32 = 32;
@@ -765,6 +767,9 @@ pub struct Kernels {
     gemv: Arc<Kernel>,
     /// The GEMV for one row (a decode step), named registers instead of a row array.
     gemv_m1: Arc<Kernel>,
+    /// main_m1 reshaped for N a multiple of 8 (gemv.wgsl `main_m1v4`: a vec4 word of 8
+    /// columns a thread, 64 K lanes); None with `VERBATIM_GEMV_V4=0` (main_m1 everywhere).
+    gemv_m1v4: Option<Arc<Kernel>>,
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     gemv_rows: Arc<Kernel>,
@@ -908,6 +913,10 @@ impl Kernels {
                 _ => GEMV_WIDE_MIN_BYTES,
             },
             gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
+            gemv_m1v4: match std::env::var("VERBATIM_GEMV_V4") {
+                Ok(v) if v == "0" => None,
+                _ => Some(gpu.kernel_entry("gemv_m1v4_f16", GEMV_SOURCE, "main_m1v4", &[R, R, R, R, R, W])?),
+            },
             ffn_decode: gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W])?,
             ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
             ffn_fused: std::env::var("VERBATIM_FFN_FUSED").map_or(true, |v| v != "0"),
@@ -1042,6 +1051,15 @@ impl Kernels {
         self.linear(rec, Rows::new(scratch, w.k as usize), m, w, bias, y, ep)
     }
 
+    /// The one-row GEMV for N columns, its column pairs a workgroup and grid layers (one a
+    /// row): main_m1v4 where N is a multiple of 8 (and not switched off), else main_m1.
+    fn m1_kernel(&self, n: u32, m: u32) -> (&Arc<Kernel>, u32, u32) {
+        match &self.gemv_m1v4 {
+            Some(k) if n.is_multiple_of(8) => (k, GEMV_V4_COLUMN_PAIRS, m),
+            _ => (&self.gemv_m1, GEMV_COLUMN_PAIRS, m),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn gemv(
         &self,
@@ -1069,7 +1087,7 @@ impl Kernels {
         } else if w.bytes() >= self.gemv_wide_min_bytes && w.n.is_multiple_of(8) {
             (&self.gemv_stream, GEMV_STREAM_COLUMN_PAIRS, m)
         } else {
-            (&self.gemv_m1, GEMV_COLUMN_PAIRS, m)
+            self.m1_kernel(w.n, m)
         };
         if per_row {
             // Later rows re-read W, mostly from L2: booked at an eighth of its size.
@@ -1782,11 +1800,13 @@ impl Kernels {
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         cost.bytes += m as u64 * heads as u64 * n_splits as u64 * (head_dim as u64 + 2) * 4;
         let b = bias.unwrap_or(&self.zero);
-        // `main_m1` at any size: the merge (flag 32) is its own, and the projection it feeds
-        // is d_model x d_model (3.3 MB for large-v3), below the streaming GEMV's sizes.
-        let g = grid_1d((w.n / 2).div_ceil(GEMV_COLUMN_PAIRS));
+        // `main_m1` (or its vec4 shape) at any size: the merge (flag 32) is its own, and the
+        // projection it feeds is d_model x d_model (3.3 MB for large-v3), below the streaming
+        // GEMV's sizes.
+        let (kernel, cp, _) = self.m1_kernel(w.n, m);
+        let g = grid_1d((w.n / 2).div_ceil(cp));
         rec.dispatch(
-            &self.gemv_m1,
+            kernel,
             bytemuck::bytes_of(&params),
             &[part.buf, &w.buf, b, &self.zero, &self.zero, y.buf],
             [g[0], g[1], m],

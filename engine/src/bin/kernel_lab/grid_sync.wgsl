@@ -23,6 +23,8 @@
 //   workgroup loads its next phase's weights before it waits (they do not depend on x).
 // - `main_chain_late`: the same, weights loaded after the barrier (what the prefetch buys).
 // - `main_chain_atomic`: main_chain reading x through atomic loads (`xa`, the same buffer).
+// - `main_phase_dyn`: main_phase with N and K read from the parameters, as the engine's
+//   kernels take every shape (what compile-time dimensions are worth).
 //
 // Plain loads are not enough inside one dispatch: on the H200 (NVIDIA 580) a load after the
 // barrier can return a line that this SM's L1 cached earlier in the dispatch (main_barrier
@@ -36,6 +38,10 @@ struct Params {
     b: u32, // workgroups in the grid (the barrier's count)
     c: u32, // main_barrier: 1 = two message rows in turn; main_phase: the phase
     d: u32, // GEMV chain: floats before x[0] (2: rows that straddle 128-byte lines)
+    n: u32, // main_phase_dyn: N and K read here instead of the constants (both 384)
+    k: u32,
+    _p0: u32,
+    _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -114,8 +120,12 @@ struct W6 { a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32>, e: vec4<u32>
 
 // Thread t's six words of phase i, tile `tile`: rows k = t / 4 + 64 j, word t % 4 of the tile.
 fn load_w(i: u32, tile: u32, lid: u32) -> W6 {
-    let base = i * K * (N / 8u) + (lid / 4u) * (N / 8u) + tile * 4u + lid % 4u;
-    let s = KL * (N / 8u);
+    return load_w_dims(i, tile, lid, N, K);
+}
+
+fn load_w_dims(i: u32, tile: u32, lid: u32, n: u32, k: u32) -> W6 {
+    let base = i * k * (n / 8u) + (lid / 4u) * (n / 8u) + tile * 4u + lid % 4u;
+    let s = KL * (n / 8u);
     return W6(w[base], w[base + s], w[base + 2u * s], w[base + 3u * s], w[base + 4u * s], w[base + 5u * s]);
 }
 
@@ -130,7 +140,11 @@ struct X6 { a: f32, b: f32, c: f32, d: f32, e: f32, f: f32 }
 
 // Thread t's six values of x[i] (rows k = t / 4 + 64 j).
 fn load_x(i: u32, lid: u32) -> X6 {
-    let xb = p.d + i * N + lid / 4u;
+    return load_x_dims(i, lid, N);
+}
+
+fn load_x_dims(i: u32, lid: u32, n: u32) -> X6 {
+    let xb = p.d + i * n + lid / 4u;
     return X6(xs[xb], xs[xb + KL], xs[xb + 2u * KL], xs[xb + 3u * KL], xs[xb + 4u * KL], xs[xb + 5u * KL]);
 }
 
@@ -143,6 +157,10 @@ fn load_x_atomic(i: u32, lid: u32) -> X6 {
 
 // x[i + 1][tile's 32 outputs] = W[i] x[i] with the weights in `wv`, x in `xv`.
 fn gemv_phase(i: u32, tile: u32, lid: u32, wv: W6, xv: X6) {
+    gemv_phase_dims(i, tile, lid, wv, xv, N);
+}
+
+fn gemv_phase_dims(i: u32, tile: u32, lid: u32, wv: W6, xv: X6, n: u32) {
     let x0 = xv.a;
     let x1 = xv.b;
     let x2 = xv.c;
@@ -176,7 +194,7 @@ fn gemv_phase(i: u32, tile: u32, lid: u32, wv: W6, xv: X6) {
         for (var q = 0u; q < 16u; q++) {
             s += red[(q * 4u + wd) * 2u + h];
         }
-        let o = p.d + (i + 1u) * N + tile * TILE + wd * 8u + h * 4u;
+        let o = p.d + (i + 1u) * n + tile * TILE + wd * 8u + h * 4u;
         xs[o] = s.x;
         xs[o + 1u] = s.y;
         xs[o + 2u] = s.z;
@@ -187,6 +205,11 @@ fn gemv_phase(i: u32, tile: u32, lid: u32, wv: W6, xv: X6) {
 @compute @workgroup_size(256)
 fn main_phase(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     gemv_phase(p.c, wg.x, lid, load_w(p.c, wg.x, lid), load_x(p.c, lid));
+}
+
+@compute @workgroup_size(256)
+fn main_phase_dyn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    gemv_phase_dims(p.c, wg.x, lid, load_w_dims(p.c, wg.x, lid, p.n, p.k), load_x_dims(p.c, lid, p.n), p.n);
 }
 
 @compute @workgroup_size(256)
