@@ -184,13 +184,12 @@ fn bench(args: &Args) -> Result<(), String> {
     );
     gpu.pause_profiling(true);
     println!(
-        "adapter: {} ({}, {}); encoder GEMMs on {}; shader runtime checks {}; workgroup memory zeroed {}",
+        "adapter: {} ({}, {}); encoder GEMMs on {}; shader runtime checks {}",
         gpu.info.name,
         gpu.info.backend,
         gpu.info.driver,
         if gpu.info.coop_matrix { "cooperative matrices (tensor cores)" } else { "tiled shader arithmetic (no cooperative matrices, or VERBATIM_NO_COOP)" },
-        if gpu.info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" },
-        if gpu.info.workgroup_zeroing { "yes (VERBATIM_WORKGROUP_ZERO or VERBATIM_SHADER_CHECKS)" } else { "no" }
+        if gpu.info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" }
     );
 
     // The model.

@@ -1056,7 +1056,7 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
         rows.push(row);
     }
 
-    // The engine's decode GEMVs (gemv.wgsl main_m1 and main_m1v4, no flags) in the same
+    // The engine's decode GEMV (gemv.wgsl main_m1, no flags) in the same
     // chain: each matrix its own buffer, X rows read from one buffer and written to the
     // other in turn (a buffer cannot be bound as X and Y at once), row i + 1 = W[i] row i.
     let mats: Vec<wgpu::Buffer> = wbits
@@ -1066,22 +1066,13 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
     let rows_ab = [gpu.buffer("lab grid m1 a", (GRID_GEMVS as u64 + 1) * n as u64 * 4)?, gpu.buffer("lab grid m1 b", (GRID_GEMVS as u64 + 1) * n as u64 * 4)?];
     let zero = gpu.buffer("lab grid m1 zero", 16)?;
     let r = Access::Read;
-    // `.const_flags`: the same kernels with the LayerNorm and merge switches rewritten to
-    // `false` (what specialising a kernel for its flags would buy: every x load of
-    // main_m1 sits behind those two uniform branches).
-    let const_flags = engine::kernels::rewrite_source(
-        "const_flags",
-        engine::kernels::GEMV_SOURCE,
-        &[
-            ("fn ln_on() -> bool {\n    return (p.flags & 16u) != 0u;\n}", "fn ln_on() -> bool {\n    return false;\n}"),
-            ("fn merge_on() -> bool {\n    return (p.flags & 32u) != 0u;\n}", "fn merge_on() -> bool {\n    return false;\n}"),
-        ],
-    )?;
+    // `.generic`: main_m1 as gemv.wgsl has it, both switches read from the flags; the other
+    // row is the variant the engine compiles for dispatches without a LayerNorm or a merge
+    // (`gemv_m1_source`): what fixing the switches is worth.
+    let plain = engine::kernels::gemv_m1_source(engine::kernels::GemvM1Variant::Plain)?;
     for (name, entry, per_wg, src) in [
-        ("grid.gemv_dispatches.main_m1", "main_m1", 16u32, engine::kernels::GEMV_SOURCE),
-        ("grid.gemv_dispatches.main_m1v4", "main_m1v4", 32, engine::kernels::GEMV_SOURCE),
-        ("grid.gemv_dispatches.main_m1.const_flags", "main_m1", 16u32, const_flags.as_str()),
-        ("grid.gemv_dispatches.main_m1v4.const_flags", "main_m1v4", 32, const_flags.as_str()),
+        ("grid.gemv_dispatches.main_m1", "main_m1", 16u32, plain.as_str()),
+        ("grid.gemv_dispatches.main_m1.generic", "main_m1", 16u32, engine::kernels::GEMV_SOURCE),
     ] {
         eprintln!("  {name}");
         let k = gpu.kernel_entry(static_name(&format!("lab.{name}")), src, entry, &[r, r, r, r, r, Access::ReadWrite])?;
@@ -2054,12 +2045,8 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     let mut variants: Vec<(String, String, String, &str, u32, usize, bool)> = Vec::new();
     for (family, src, entry, per_wg, layout) in [
         ("m1", engine::kernels::GEMV_SOURCE, "main_m1", 16u32, 0usize),
-        ("m1v4", engine::kernels::GEMV_SOURCE, "main_m1v4", 32, 0),
         ("rows", engine::kernels::GEMV_ROWS_SOURCE, "main", 32, 1),
     ] {
-        if family == "m1v4" && !n.is_multiple_of(8) {
-            continue;
-        }
         for (stats, ln, change) in [
             ("", false, "no LayerNorm"),
             (".ln", true, "LayerNorm folded in, as shipped (two passes, two trees)"),
@@ -2072,6 +2059,16 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
                 ".lnc" => "chan",
                 ".ln1" => "one_pass",
                 _ => "",
+            };
+            // main_m1 as the engine compiles it: the variant with the LayerNorm switch fixed
+            // on or off (kernels::gemv_m1_source).
+            let fixed;
+            let src = if family == "m1" {
+                let v = if ln { engine::kernels::GemvM1Variant::LayerNorm } else { engine::kernels::GemvM1Variant::Plain };
+                fixed = engine::kernels::gemv_m1_source(v)?;
+                fixed.as_str()
+            } else {
+                src
             };
             let mut code = ln_stats_variant(&name, src, kind)?;
             if stats == ".ln.late" {
@@ -2133,7 +2130,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     // (still in the 60 MB L2) and ~128 MiB (past it: every dispatch reads HBM, as a decode
     // step's layers do once the logits' 40 MB have passed through L2). What a decode GEMV
     // pays for its weights' trip, against the hot row above.
-    let code = ln_stats_variant("m1.ln", engine::kernels::GEMV_SOURCE, "")?;
+    let code = ln_stats_variant("m1.ln", &engine::kernels::gemv_m1_source(engine::kernels::GemvM1Variant::LayerNorm)?, "")?;
     let r = Access::Read;
     let kernel = gpu.kernel_entry("lab.decode.m1.ln.cold", &code, "main_m1", &[r, r, r, r, r, Access::ReadWrite])?;
     let g = grid(n.div_ceil(16) as u64);
@@ -2467,13 +2464,12 @@ fn run(args: &Args) -> LabResult<()> {
     };
     let yes = |b: bool| if b { "yes" } else { "no" };
     println!(
-        "adapter: {} ({}, {}), driver {}; shader runtime checks {}; workgroup memory zeroed {}",
+        "adapter: {} ({}, {}), driver {}; shader runtime checks {}",
         info.name,
         info.backend,
         info.device_type,
         info.driver,
-        if info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" },
-        if info.workgroup_zeroing { "yes" } else { "no" }
+        if info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" }
     );
     let subgroup = if info.subgroups { Some(probe_subgroup_size(&lab)?) } else { None };
     println!(

@@ -73,9 +73,6 @@ pub struct GpuInfo {
     pub max_storage_binding: u64,
     /// Whether our kernels are compiled with wgpu's runtime checks (see `shader_checks_wanted`).
     pub shader_checks: bool,
-    /// Whether each workgroup's memory is zeroed before a kernel runs (see
-    /// `workgroup_zeroing_wanted`).
-    pub workgroup_zeroing: bool,
 }
 
 impl GpuInfo {
@@ -154,17 +151,6 @@ pub fn coop_matrix_usable(adapter: &wgpu::Adapter) -> bool {
 /// checks back on (to compare, or to chase a kernel that indexes out of bounds).
 pub fn shader_checks_wanted() -> bool {
     std::env::var("VERBATIM_SHADER_CHECKS").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
-/// Whether workgroup memory is zeroed at the start of every workgroup, as WebGPU requires of
-/// untrusted shaders (wgpu's default; on Vulkan the driver's
-/// VK_KHR_zero_initialize_workgroup_memory). Our kernels write every word of workgroup memory
-/// before they read it (the kernel tests poison outputs, not workgroup memory; the device
-/// runs of the tests and the samples are what hold this), so the zeroing is off with the
-/// other runtime checks: `VERBATIM_WORKGROUP_ZERO=1` (or `VERBATIM_SHADER_CHECKS=1`) turns
-/// it on.
-pub fn workgroup_zeroing_wanted() -> bool {
-    shader_checks_wanted() || std::env::var("VERBATIM_WORKGROUP_ZERO").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// Pick the adapter: the one whose name contains `wanted` (case-insensitive) when given,
@@ -296,7 +282,6 @@ impl Gpu {
             coop_matrix: feats.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) && coop_matrix_usable(adapter),
             max_storage_binding: device.limits().max_storage_buffer_binding_size as u64,
             shader_checks: shader_checks_wanted(),
-            workgroup_zeroing: workgroup_zeroing_wanted(),
         };
         let profiling = profile && info.timestamps;
         Gpu {
@@ -409,10 +394,7 @@ impl Gpu {
             layout: Some(&pl),
             module: &module,
             entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                zero_initialize_workgroup_memory: self.info.workgroup_zeroing,
-                ..Default::default()
-            },
+            compilation_options: Default::default(),
             cache: None,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
@@ -440,7 +422,7 @@ impl Gpu {
             return Err(Error::Unsupported("the device was not opened with compiler statistics (GpuOptions::pipeline_stats)".into()));
         };
         let sources = sources.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        sources.iter().map(|s| pipeline_stats::report(&self.device, s, self.info.shader_checks, self.info.workgroup_zeroing)).collect()
+        sources.iter().map(|s| pipeline_stats::report(&self.device, s, self.info.shader_checks)).collect()
     }
 
     /// A storage buffer of `size` bytes (at least 4), zero-initialised by wgpu.

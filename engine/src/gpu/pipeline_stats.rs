@@ -8,8 +8,7 @@
 //! that flag and does not expose their SPIR-V, so each kernel the engine compiled is
 //! compiled a second time here: the same WGSL through the same naga, with the options
 //! wgpu-hal gives it for this device (SPIR-V version, bounds-check policy of
-//! `Gpu::kernel_entry`'s runtime checks, workgroup memory zeroed natively where the engine
-//! zeroes it), into a raw
+//! `Gpu::kernel_entry`'s runtime checks, workgroup memory zeroed natively), into a raw
 //! Vulkan pipeline with the capture flags, whose statistics are read and which is then
 //! destroyed. The device must have been opened with the extension (`GpuOptions::
 //! pipeline_stats`: `verbatim bench --pipeline-stats`); nothing here runs otherwise.
@@ -64,7 +63,7 @@ pub(super) fn open_device(
 }
 
 #[cfg(target_vendor = "apple")]
-pub(super) fn report(_device: &wgpu::Device, _src: &KernelSource, _checks: bool, _zeroing: bool) -> crate::Result<KernelReport> {
+pub(super) fn report(_device: &wgpu::Device, _src: &KernelSource, _checks: bool) -> crate::Result<KernelReport> {
     Err(crate::Error::Unsupported("compiler statistics come from Vulkan drivers; this build has no Vulkan backend".into()))
 }
 
@@ -128,11 +127,10 @@ mod vulkan {
     }
 
     /// The SPIR-V wgpu-hal writes for `src` on a device of Vulkan `api_version`: naga's options as
-    /// wgpu-hal builds them, with `Gpu::kernel_entry`'s runtime checks (`checks`) and workgroup
-    /// memory zeroed as the engine's pipelines have it (`zeroing`). Capabilities
+    /// wgpu-hal builds them, with `Gpu::kernel_entry`'s runtime checks (`checks`). Capabilities
     /// are left open (wgpu lists what the device offers; a kernel that compiled there needs no
     /// more).
-    fn spirv(src: &KernelSource, api_version: u32, checks: bool, zeroing: bool) -> Result<Vec<u32>> {
+    fn spirv(src: &KernelSource, api_version: u32, checks: bool) -> Result<Vec<u32>> {
         use naga::back::spv;
         let bad = |what: &str, e: String| Error::Gpu(format!("kernel {} ({}): {what}: {e}", src.name, src.entry));
         let module = naga::front::wgsl::parse_str(&src.source).map_err(|e| bad("WGSL", e.emit_to_string(&src.source)))?;
@@ -148,11 +146,7 @@ mod vulkan {
                 (1, 3)
             },
             capabilities: None,
-            zero_initialize_workgroup_memory: if zeroing {
-                spv::ZeroInitializeWorkgroupMemoryMode::Native
-            } else {
-                spv::ZeroInitializeWorkgroupMemoryMode::None
-            },
+            zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Native,
             force_loop_bounding: checks,
             ..Default::default()
         };
@@ -169,7 +163,7 @@ mod vulkan {
 
     /// Compile `src` again into a raw pipeline with the capture flags and read what the driver
     /// reports of it. `device` must come from [`open_device`].
-    pub(in crate::gpu) fn report(device: &wgpu::Device, src: &KernelSource, checks: bool, zeroing: bool) -> Result<KernelReport> {
+    pub(in crate::gpu) fn report(device: &wgpu::Device, src: &KernelSource, checks: bool) -> Result<KernelReport> {
         // SAFETY: the raw device is used to create, query and destroy objects of our own, all
         // destroyed before returning; wgpu's objects are not touched.
         let hal = unsafe { device.as_hal::<Vulkan>() }
@@ -178,7 +172,7 @@ mod vulkan {
         let instance = hal.shared_instance().raw_instance();
         // SAFETY: as above; the physical device is the device's own.
         let api_version = unsafe { instance.get_physical_device_properties(hal.raw_physical_device()) }.api_version;
-        let words = spirv(src, api_version, checks, zeroing)?;
+        let words = spirv(src, api_version, checks)?;
         let ext = ash::khr::pipeline_executable_properties::Device::new(instance, raw);
         let vk_err = |what: &str, e: vk::Result| Error::Gpu(format!("kernel {} ({}): {what}: {e}", src.name, src.entry));
 

@@ -27,8 +27,6 @@ const SELECT_ROW_PARTIALS: u64 = SELECT_GROUPS * 9 + 1;
 
 /// Column pairs per GEMV workgroup (`CP` in gemv.wgsl).
 const GEMV_COLUMN_PAIRS: u32 = 8;
-/// gemv.wgsl `main_m1v4`: 4 vec4 words of 8 columns a workgroup (V4_WORDS).
-const GEMV_V4_COLUMN_PAIRS: u32 = 16;
 
 /// Column pairs per workgroup of the streaming GEMV (gemv_stream.wgsl: 8 threads x 8 columns).
 const GEMV_STREAM_COLUMN_PAIRS: u32 = 32;
@@ -215,6 +213,42 @@ impl GemmTile {
             ("gemm_planes_f16 (32x128 tiles)", "gemm_planes_to_planes (32x128 tiles)")
         }
     }
+}
+
+/// Which of main_m1's runtime switches a compiled variant has fixed (`gemv_m1_source`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvM1Variant {
+    /// No LayerNorm, no merge (flags 16 and 32 off): an output projection, fc2-like GEMVs.
+    Plain,
+    /// The LayerNorm folded in (flag 16): the Q|K|V and the cross-attention's query.
+    LayerNorm,
+    /// The split attention's partials merged on the way in (flag 32).
+    Merge,
+}
+
+/// gemv.wgsl with `ln_on()` and `merge_on()` fixed for `v` (main_m1 compiled from it takes
+/// only dispatches with those flags). Every x load of main_m1 goes through `xv`, which tests
+/// both switches; with them read from the parameters the driver's compiler kept each load
+/// behind its branches, and a 384 x 384 GEMV in the kernel lab's dependent chain (H200) took
+/// 4.12 us, against 3.34 with both fixed (`kernel-lab --grid-only`, bench/RESULTS.md
+/// 2026-12-04, fourth session). The arithmetic is the same; a verify pass's rows and single
+/// steps still take the same compiled kernel, so they agree bit for bit.
+pub fn gemv_m1_source(v: GemvM1Variant) -> Result<String> {
+    let (ln, merge) = match v {
+        GemvM1Variant::Plain => (false, false),
+        GemvM1Variant::LayerNorm => (true, false),
+        GemvM1Variant::Merge => (false, true),
+    };
+    let ln_to = format!("fn ln_on() -> bool {{\n    return {ln};\n}}");
+    let merge_to = format!("fn merge_on() -> bool {{\n    return {merge};\n}}");
+    rewrite_source(
+        "gemv_m1_source",
+        GEMV_SOURCE,
+        &[
+            ("fn ln_on() -> bool {\n    return (p.flags & 16u) != 0u;\n}", &ln_to),
+            ("fn merge_on() -> bool {\n    return (p.flags & 32u) != 0u;\n}", &merge_to),
+        ],
+    )
 }
 
 /// GEMMs of at least this many columns (a multiple of 128) take [`GemmTile::WIDE`]
@@ -765,11 +799,12 @@ pub struct Kernels {
     /// [`Kernels::reserve_blocked_attention`] where attention_coop is there.
     head_planes: Option<Buffer>,
     gemv: Arc<Kernel>,
-    /// The GEMV for one row (a decode step), named registers instead of a row array.
+    /// The GEMV for one row (a decode step), named registers instead of a row array, as
+    /// read from gemv.wgsl (both switches read from the flags) and in its variants with the
+    /// switches fixed (`gemv_m1_source`: Plain, LayerNorm, Merge), which the decode GEMVs
+    /// take unless `VERBATIM_GEMV_M1_GENERIC=1`.
     gemv_m1: Arc<Kernel>,
-    /// main_m1 reshaped for N a multiple of 8 (gemv.wgsl `main_m1v4`: a vec4 word of 8
-    /// columns a thread, 64 K lanes); None with `VERBATIM_GEMV_V4=0` (main_m1 everywhere).
-    gemv_m1v4: Option<Arc<Kernel>>,
+    gemv_m1_fixed: Option<[Arc<Kernel>; 3]>,
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     gemv_rows: Arc<Kernel>,
@@ -913,9 +948,15 @@ impl Kernels {
                 _ => GEMV_WIDE_MIN_BYTES,
             },
             gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
-            gemv_m1v4: match std::env::var("VERBATIM_GEMV_V4") {
-                Ok(v) if v == "0" => None,
-                _ => Some(gpu.kernel_entry("gemv_m1v4_f16", GEMV_SOURCE, "main_m1v4", &[R, R, R, R, R, W])?),
+            gemv_m1_fixed: if std::env::var("VERBATIM_GEMV_M1_GENERIC").is_ok_and(|v| !v.is_empty() && v != "0") {
+                None
+            } else {
+                let rw = [R, R, R, R, R, W];
+                Some([
+                    gpu.kernel_entry("gemv_m1_f16_plain", &gemv_m1_source(GemvM1Variant::Plain)?, "main_m1", &rw)?,
+                    gpu.kernel_entry("gemv_m1_f16_ln", &gemv_m1_source(GemvM1Variant::LayerNorm)?, "main_m1", &rw)?,
+                    gpu.kernel_entry("gemv_m1_f16_merge", &gemv_m1_source(GemvM1Variant::Merge)?, "main_m1", &rw)?,
+                ])
             },
             ffn_decode: gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W])?,
             ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
@@ -1051,12 +1092,12 @@ impl Kernels {
         self.linear(rec, Rows::new(scratch, w.k as usize), m, w, bias, y, ep)
     }
 
-    /// The one-row GEMV for N columns, its column pairs a workgroup and grid layers (one a
-    /// row): main_m1v4 where N is a multiple of 8 (and not switched off), else main_m1.
-    fn m1_kernel(&self, n: u32, m: u32) -> (&Arc<Kernel>, u32, u32) {
-        match &self.gemv_m1v4 {
-            Some(k) if n.is_multiple_of(8) => (k, GEMV_V4_COLUMN_PAIRS, m),
-            _ => (&self.gemv_m1, GEMV_COLUMN_PAIRS, m),
+    /// main_m1 for dispatches whose flags match `v` (the generic kernel where the variants
+    /// are switched off).
+    fn m1_kernel(&self, v: GemvM1Variant) -> &Arc<Kernel> {
+        match &self.gemv_m1_fixed {
+            Some(k) => &k[v as usize],
+            None => &self.gemv_m1,
         }
     }
 
@@ -1087,7 +1128,8 @@ impl Kernels {
         } else if w.bytes() >= self.gemv_wide_min_bytes && w.n.is_multiple_of(8) {
             (&self.gemv_stream, GEMV_STREAM_COLUMN_PAIRS, m)
         } else {
-            self.m1_kernel(w.n, m)
+            let v = if norm.is_some() { GemvM1Variant::LayerNorm } else { GemvM1Variant::Plain };
+            (self.m1_kernel(v), GEMV_COLUMN_PAIRS, m)
         };
         if per_row {
             // Later rows re-read W, mostly from L2: booked at an eighth of its size.
@@ -1800,13 +1842,11 @@ impl Kernels {
         let mut cost = Cost::matmul(m, w.n, w.k, w.bytes(), ep.accumulate);
         cost.bytes += m as u64 * heads as u64 * n_splits as u64 * (head_dim as u64 + 2) * 4;
         let b = bias.unwrap_or(&self.zero);
-        // `main_m1` (or its vec4 shape) at any size: the merge (flag 32) is its own, and the
-        // projection it feeds is d_model x d_model (3.3 MB for large-v3), below the streaming
-        // GEMV's sizes.
-        let (kernel, cp, _) = self.m1_kernel(w.n, m);
-        let g = grid_1d((w.n / 2).div_ceil(cp));
+        // `main_m1` at any size: the merge (flag 32) is its own, and the projection it feeds
+        // is d_model x d_model (3.3 MB for large-v3), below the streaming GEMV's sizes.
+        let g = grid_1d((w.n / 2).div_ceil(GEMV_COLUMN_PAIRS));
         rec.dispatch(
-            kernel,
+            self.m1_kernel(GemvM1Variant::Merge),
             bytemuck::bytes_of(&params),
             &[part.buf, &w.buf, b, &self.zero, &self.zero, y.buf],
             [g[0], g[1], m],

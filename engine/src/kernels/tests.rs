@@ -109,24 +109,6 @@ fn linear_gemv_matches_reference() {
     // One row: the epilogue's bias and residual are loaded ahead in main_m1.
     run_linear(&mut r, false, 1, 34, 39, true, false, true);
     run_linear(&mut r, false, 1, 40, 50, false, true, true);
-    // main_m1v4 (N a multiple of 8): K under one row a lane, rows in every tail of the loop
-    // (770: 13 or 12 rows a lane, 650: 11 or 10), a last workgroup one word wide (136).
-    for &(n, k) in &[(32, 7), (392, 770), (136, 650), (1152, 384)] {
-        run_linear(&mut r, false, 1, n, k, true, false, true);
-    }
-    run_linear(&mut r, false, 1, 136, 650, true, true, false);
-}
-
-/// Which kernel a one-row GEMV takes: main_m1v4 where N is a multiple of 8 (unless
-/// `VERBATIM_GEMV_V4=0`), main_m1 otherwise; so the shapes above test the kernel they name.
-#[test]
-fn one_row_gemv_takes_the_vec4_shape_where_n_allows() {
-    let kern = Kernels::load(gpu()).unwrap();
-    let off = std::env::var("VERBATIM_GEMV_V4").is_ok_and(|v| v == "0");
-    let (k384, cp, layers) = kern.m1_kernel(384, 3);
-    assert_eq!(k384.name, if off { "gemv_m1_f16" } else { "gemv_m1v4_f16" });
-    assert_eq!((cp, layers), if off { (GEMV_COLUMN_PAIRS, 3) } else { (GEMV_V4_COLUMN_PAIRS, 3) });
-    assert_eq!(kern.m1_kernel(386, 1).0.name, "gemv_m1_f16");
 }
 
 fn run_linear_ln(r: &mut StdRng, m: usize, n: usize, k: usize, gelu: bool, accumulate: bool) {
@@ -174,11 +156,6 @@ fn linear_ln_matches_reference() {
     }
     run_linear_ln(&mut r, 1, 78, 61, true, false);
     run_linear_ln(&mut r, 2, 34, 39, false, true);
-    // main_m1v4: loads ahead of the statistics for 6 rows a lane (384), 8 and a tail (650),
-    // none past K (9).
-    for &(n, k) in &[(1152, 384), (136, 650), (8, 9)] {
-        run_linear_ln(&mut r, 1, n, k, false, true);
-    }
 }
 
 /// Both shapes of the streaming GEMV (the device's limits pick one for the engine), with
@@ -316,7 +293,6 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     // tiny.en's verify-pass shapes: the QKV GEMV with its LayerNorm, fc2 accumulating.
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 1152, 384, true, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 6, 384, 1536, false, false, true);
-    run_rows_equal_lone(&mut r, TestWeights::F16, 4, 136, 650, true, true, true);
     // Over 8 MiB: main_m1 (N = 4098, no multiple of 8) and the streaming GEMV (4104).
     run_rows_equal_lone(&mut r, TestWeights::F16, 2, 4098, 1025, true, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 4104, 1025, true, true, true);
@@ -1442,7 +1418,6 @@ fn attention_merged_into_the_projection_matches_reference() {
     run_merged(&mut r, 1, 1500, 6, 64, 384, true, true);
     run_merged(&mut r, 3, 530, 2, 20, 46, false, false);
     run_merged(&mut r, 8, 300, 4, 16, 66, true, false);
-    run_merged(&mut r, 2, 300, 4, 16, 72, false, true);
     // A projection over 8 MiB: the merge stays in main_m1 at any size.
     run_merged(&mut r, 2, 700, 20, 64, 4098, false, true);
     // Keys in one split: nothing to merge, the attention runs whole.
