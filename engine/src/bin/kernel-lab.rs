@@ -2043,10 +2043,7 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
 
     // (name, change, source, entry, outputs per workgroup, layout, LayerNorm)
     let mut variants: Vec<(String, String, String, &str, u32, usize, bool)> = Vec::new();
-    for (family, src, entry, per_wg, layout) in [
-        ("m1", engine::kernels::GEMV_SOURCE, "main_m1", 16u32, 0usize),
-        ("rows", engine::kernels::GEMV_ROWS_SOURCE, "main", 32, 1),
-    ] {
+    for (family, entry, per_wg, layout) in [("m1", "main_m1", 16u32, 0usize), ("rows", "main", 32, 1)] {
         for (stats, ln, change) in [
             ("", false, "no LayerNorm"),
             (".ln", true, "LayerNorm folded in, as shipped (two passes, two trees)"),
@@ -2060,17 +2057,15 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
                 ".ln1" => "one_pass",
                 _ => "",
             };
-            // main_m1 as the engine compiles it: the variant with the LayerNorm switch fixed
-            // on or off (kernels::gemv_m1_source).
-            let fixed;
-            let src = if family == "m1" {
+            // Each kernel as the engine compiles it: the variant with the LayerNorm switch
+            // fixed on or off (kernels::gemv_m1_source, gemv_rows_source).
+            let fixed = if family == "m1" {
                 let v = if ln { engine::kernels::GemvM1Variant::LayerNorm } else { engine::kernels::GemvM1Variant::Plain };
-                fixed = engine::kernels::gemv_m1_source(v)?;
-                fixed.as_str()
+                engine::kernels::gemv_m1_source(v)?
             } else {
-                src
+                engine::kernels::gemv_rows_source(ln, true)?
             };
-            let mut code = ln_stats_variant(&name, src, kind)?;
+            let mut code = ln_stats_variant(&name, &fixed, kind)?;
             if stats == ".ln.late" {
                 let ahead = "const LN_AHEAD: bool = true;";
                 if !code.contains(ahead) {

@@ -48,11 +48,32 @@ const PS: u32 = 33u; // floats per output's 32 parts (+1: the summing threads hi
 var<workgroup> parts: array<f32, 1056>; // [GROUPS (<= 8) x RPG outputs][PS]
 
 // Word wi of the group's 4 rows (rows past N read row N - 1; words past K/2 read 0).
+// With BRANCHLESS_LOADS the loads past the row's end are made anyway (the word index clamped
+// into the row) and their words or sums dropped after; the same sums. Behind their bounds
+// branches NVIDIA's compiler did not issue them with the loads before them: the logits of
+// a decode step took 24.4 us (tiny.en) and 36.7 (small.en) that way in the per-kernel table
+// on the H200, 18.2 and 28.7 branchless (bench/RESULTS.md 2026-12-04, fourth session). Not a
+// rule: the decode attention's key and value loads and ffn_decode's fc1 words made the same
+// way were slower (14.3 against 11.4 us, 11.1 against 10.4): there the branches skip most
+// loads (a short self-attention's absent keys), here they skip at most a round's tail.
+// (`kernels::gemv_rows_source` puts the branches back, and fixes the LayerNorm switch.)
+const BRANCHLESS_LOADS: bool = true;
+
 fn fetch(n0: u32, wi: u32, kw: u32) -> vec4<u32> {
+    let last = p.n - 1u;
+    if (BRANCHLESS_LOADS) {
+        let wc = min(wi, kw - 1u);
+        let v = vec4<u32>(
+            w[min(n0, last) * kw + wc],
+            w[min(n0 + 1u, last) * kw + wc],
+            w[min(n0 + 2u, last) * kw + wc],
+            w[min(n0 + 3u, last) * kw + wc],
+        );
+        return select(vec4<u32>(0u), v, wi < kw);
+    }
     if (wi >= kw) {
         return vec4<u32>(0u);
     }
-    let last = p.n - 1u;
     return vec4<u32>(
         w[min(n0, last) * kw + wi],
         w[min(n0 + 1u, last) * kw + wi],
@@ -63,21 +84,23 @@ fn fetch(n0: u32, wi: u32, kw: u32) -> vec4<u32> {
 
 // acc[r] += x'[2 wi] w_r.lo + x'[2 wi + 1] w_r.hi for the 4 rows' words `ws`.
 fn accum(acc: vec4<f32>, ws: vec4<u32>, wi: u32, kw: u32, xb: u32) -> vec4<f32> {
-    if (wi >= kw) {
+    if (!BRANCHLESS_LOADS && wi >= kw) {
         return acc;
     }
-    let x0 = ln_apply(x[xb + 2u * wi], 0u, 2u * wi);
-    let x1 = ln_apply(x[xb + 2u * wi + 1u], 0u, 2u * wi + 1u);
+    let wc = min(wi, kw - 1u);
+    let x0 = ln_apply(x[xb + 2u * wc], 0u, 2u * wc);
+    let x1 = ln_apply(x[xb + 2u * wc + 1u], 0u, 2u * wc + 1u);
     let a = unpack2x16float(ws.x);
     let b = unpack2x16float(ws.y);
     let c = unpack2x16float(ws.z);
     let d = unpack2x16float(ws.w);
-    return vec4<f32>(
+    let r = vec4<f32>(
         fma(x1, a.y, fma(x0, a.x, acc.x)),
         fma(x1, b.y, fma(x0, b.x, acc.y)),
         fma(x1, c.y, fma(x0, c.x, acc.z)),
         fma(x1, d.y, fma(x0, d.x, acc.w)),
     );
+    return select(acc, r, wi < kw);
 }
 
 @compute @workgroup_size(WG)

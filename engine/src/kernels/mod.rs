@@ -134,6 +134,29 @@ pub const GEMV_ROWS_SOURCE: &str =
 const GEMV_ROWS_OUTPUTS: u32 = 32;
 /// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
 pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention_io.wgsl"), include_str!("attention.wgsl"), include_str!("f16_split.wgsl"));
+
+/// Whether the logits GEMV's loads past the row's end are made anyway and their words
+/// dropped after (`BRANCHLESS_LOADS` in gemv_rows.wgsl, as shipped) or made behind their
+/// bounds branches (`VERBATIM_BRANCHY_LOADS=1`, to compare on a device).
+pub fn branchless_loads_wanted() -> bool {
+    !std::env::var("VERBATIM_BRANCHY_LOADS").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// gemv_rows.wgsl (the logits) with its loads branchless or not, and its LayerNorm switch
+/// fixed (`ln`: flag 16 on; a variant takes only dispatches with that flag), as main_m1's
+/// (`gemv_m1_source`): every x load goes through `ln_apply`.
+pub fn gemv_rows_source(ln: bool, branchless: bool) -> Result<String> {
+    let to_branchless = format!("const BRANCHLESS_LOADS: bool = {branchless};");
+    let to_ln = format!("fn ln_on() -> bool {{\n    return {ln};\n}}");
+    rewrite_source(
+        "gemv_rows_source",
+        GEMV_ROWS_SOURCE,
+        &[
+            ("const BRANCHLESS_LOADS: bool = true;", &to_branchless),
+            ("fn ln_on() -> bool {\n    return (p.flags & 16u) != 0u;\n}", &to_ln),
+        ],
+    )
+}
 /// attention_blocked.wgsl: the register-blocked attention for many queries of head_dim 64.
 pub const ATTENTION_BLOCKED_SOURCE: &str =
     concat!(include_str!("attention_io.wgsl"), include_str!("attention_blocked.wgsl"));
@@ -807,7 +830,8 @@ pub struct Kernels {
     gemv_m1_fixed: Option<[Arc<Kernel>; 3]>,
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
-    gemv_rows: Arc<Kernel>,
+    /// The logits GEMV without and with its LayerNorm folded in (`gemv_rows_source`).
+    gemv_rows: [Arc<Kernel>; 2],
     /// Matrices of at least this many bytes take gemv_stream ([`GEMV_WIDE_MIN_BYTES`], or
     /// `VERBATIM_GEMV_WIDE_MIN_BYTES` to compare on a device).
     gemv_wide_min_bytes: u64,
@@ -942,7 +966,18 @@ impl Kernels {
                 &gemv_stream_source(gemv_stream_slices(&gpu.device.limits()))?,
                 &[R, R, R, R, R, W],
             )?,
-            gemv_rows: gpu.kernel("gemv_rows_f16", GEMV_ROWS_SOURCE, &[R, R, R, R, R, W])?,
+            gemv_rows: [
+                gpu.kernel(
+                    if branchless_loads_wanted() { "gemv_rows_f16" } else { "gemv_rows_f16_branchy" },
+                    &gemv_rows_source(false, branchless_loads_wanted())?,
+                    &[R, R, R, R, R, W],
+                )?,
+                gpu.kernel(
+                    if branchless_loads_wanted() { "gemv_rows_f16_ln" } else { "gemv_rows_f16_ln_branchy" },
+                    &gemv_rows_source(true, branchless_loads_wanted())?,
+                    &[R, R, R, R, R, W],
+                )?,
+            ],
             gemv_wide_min_bytes: match std::env::var("VERBATIM_GEMV_WIDE_MIN_BYTES") {
                 Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMV_WIDE_MIN_BYTES={v}: a byte count")))?,
                 _ => GEMV_WIDE_MIN_BYTES,
@@ -1229,7 +1264,8 @@ impl Kernels {
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
         // Row fastest in the grid: a block's rows run side by side (gemv_rows.wgsl).
         let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m);
-        rec.dispatch(&self.gemv_rows, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
+        let kernel = &self.gemv_rows[norm.is_some() as usize];
+        rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
     }
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · deq(W)ᵀ + b) (`norm` Some) or act(x[r] · deq(W)ᵀ + b)

@@ -1148,6 +1148,9 @@ fn attention_matches_reference() {
     // a split cut short by the keys.
     run_attention(&mut r, 3, 300, 3, 64, Some(297));
     run_attention(&mut r, 2, 530, 2, 64, None);
+    // Last splits of one to three keys.
+    run_attention(&mut r, 1, 514, 2, 64, None);
+    run_attention(&mut r, 3, 260, 3, 64, Some(256));
     // Many queries: the blocked kernel (head_dim 64, no mask) and the tiled one (the rest):
     // partial chunks, partial workgroups, causal.
     run_attention(&mut r, 70, 45, 3, 64, None);
