@@ -60,7 +60,50 @@ fn merge_row(row: u32, lid: u32) {
     let hd = p.merge_hd;
     let ps = hd + 2u;
     let heads = p.k / hd;
-    if (lid < heads) {
+    if (lid < heads && ns <= 8u) {
+        // Up to eight splits (Whisper's 1500 frames are six): every split's m and l loaded
+        // at once (split indices clamped to the last), then the loop's arithmetic below, the
+        // same expressions in the same order. In the loop each load waited for the one
+        // before it.
+        let base = p.x_off + (row * heads + lid) * ns * ps;
+        let last = ns - 1u;
+        let m0 = x[base];
+        let m1 = x[base + min(1u, last) * ps];
+        let m2 = x[base + min(2u, last) * ps];
+        let m3 = x[base + min(3u, last) * ps];
+        let m4 = x[base + min(4u, last) * ps];
+        let m5 = x[base + min(5u, last) * ps];
+        let m6 = x[base + min(6u, last) * ps];
+        let m7 = x[base + min(7u, last) * ps];
+        let l0 = x[base + 1u];
+        let l1 = x[base + min(1u, last) * ps + 1u];
+        let l2 = x[base + min(2u, last) * ps + 1u];
+        let l3 = x[base + min(3u, last) * ps + 1u];
+        let l4 = x[base + min(4u, last) * ps + 1u];
+        let l5 = x[base + min(5u, last) * ps + 1u];
+        let l6 = x[base + min(6u, last) * ps + 1u];
+        let l7 = x[base + min(7u, last) * ps + 1u];
+        // (m of a split past ns is the last split's: max is unchanged by it)
+        let mx = max(max(max(max(NEG, m0), max(m1, m2)), max(m3, m4)), max(max(m5, m6), m7));
+        var l = 0.0;
+        if (l0 > 0.0) { l += l0 * exp(m0 - mx); }
+        if (1u < ns && l1 > 0.0) { l += l1 * exp(m1 - mx); }
+        if (2u < ns && l2 > 0.0) { l += l2 * exp(m2 - mx); }
+        if (3u < ns && l3 > 0.0) { l += l3 * exp(m3 - mx); }
+        if (4u < ns && l4 > 0.0) { l += l4 * exp(m4 - mx); }
+        if (5u < ns && l5 > 0.0) { l += l5 * exp(m5 - mx); }
+        if (6u < ns && l6 > 0.0) { l += l6 * exp(m6 - mx); }
+        if (7u < ns && l7 > 0.0) { l += l7 * exp(m7 - mx); }
+        let wb = lid * ns;
+        mw[wb] = select(0.0, exp(m0 - mx) / l, l0 > 0.0);
+        if (1u < ns) { mw[wb + 1u] = select(0.0, exp(m1 - mx) / l, l1 > 0.0); }
+        if (2u < ns) { mw[wb + 2u] = select(0.0, exp(m2 - mx) / l, l2 > 0.0); }
+        if (3u < ns) { mw[wb + 3u] = select(0.0, exp(m3 - mx) / l, l3 > 0.0); }
+        if (4u < ns) { mw[wb + 4u] = select(0.0, exp(m4 - mx) / l, l4 > 0.0); }
+        if (5u < ns) { mw[wb + 5u] = select(0.0, exp(m5 - mx) / l, l5 > 0.0); }
+        if (6u < ns) { mw[wb + 6u] = select(0.0, exp(m6 - mx) / l, l6 > 0.0); }
+        if (7u < ns) { mw[wb + 7u] = select(0.0, exp(m7 - mx) / l, l7 > 0.0); }
+    } else if (lid < heads) {
         let base = p.x_off + (row * heads + lid) * ns * ps;
         var mx = NEG;
         for (var s = 0u; s < ns; s++) {
