@@ -120,12 +120,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let kc = (d + KG - 1u) / KG;
     let k0 = min(d, kg * kc);
     let k1 = select(k0, min(d, k0 + kc), live);
-    // fc1's bias for the epilogue, loaded now: after the K slices' tree it would cost one
-    // more round trip (the same values).
-    var bias1 = vec2<f32>(0.0, 0.0);
-    if (kg == 0u && live) {
-        bias1 = vec2<f32>(b1[2u * hp], b1[2u * hp + 1u]);
-    }
     // (Sixteen: all of a slice for d up to 512, two thirds of small.en's 24.)
     let r0 = w1_word(k0, hp, k1);
     let r1 = w1_word(k0 + 1u, hp, k1);
@@ -240,7 +234,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var h = vec2<f32>(0.0, 0.0);
         if (live) {
             let z = red[cp] + red[cp + CP];
-            h = vec2<f32>(gelu(z.x + bias1.x), gelu(z.y + bias1.y));
+            h = vec2<f32>(gelu(z.x + b1[2u * hp]), gelu(z.y + b1[2u * hp + 1u]));
         }
         hs[2u * cp] = h.x;
         hs[2u * cp + 1u] = h.y;
@@ -282,11 +276,6 @@ fn main_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     let c0 = min(p.chunks, sl * per);
     let c1 = min(p.chunks, c0 + per);
     let at = row * p.chunks * d + n;
-    // The residual's element and b2, loaded before the partials (the same values): after
-    // the tree they would cost one more round trip.
-    let xi = p.x_off + row * p.x_stride + n;
-    let x_old = x[xi];
-    let b2n = b2[n];
     var v = 0.0;
     for (var c = c0; c < c1; c += 16u) {
         let last = c1 - 1u;
@@ -323,6 +312,7 @@ fn main_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     workgroupBarrier();
     if (sl == 0u && wg.x * 16u + o < d) {
         let t = sums[lid] + sums[lid + 16u] + sums[lid + 32u] + sums[lid + 48u];
-        x[xi] = x_old + (t + b2n);
+        let xi = p.x_off + row * p.x_stride + n;
+        x[xi] = x[xi] + (t + b2[n]);
     }
 }
