@@ -212,9 +212,8 @@ fn main_phase_dyn(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     gemv_phase_dims(p.c, wg.x, lid, load_w_dims(p.c, wg.x, lid, p.n, p.k), load_x_dims(p.c, lid, p.n), p.n);
 }
 
-@compute @workgroup_size(256)
-fn main_chain(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tile = wg.x;
+// main_chain's loop: x read by plain or by atomic loads (`atomic_x`, constant at each call).
+fn chain(tile: u32, lid: u32, atomic_x: bool) {
     let works = tile < TILES;
     var wv = W6(vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u));
     if (works) {
@@ -222,7 +221,13 @@ fn main_chain(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
     for (var i = 0u; i < p.a; i++) {
         if (works) {
-            gemv_phase(i, tile, lid, wv, load_x(i, lid));
+            var xv: X6;
+            if (atomic_x) {
+                xv = load_x_atomic(i, lid);
+            } else {
+                xv = load_x(i, lid);
+            }
+            gemv_phase(i, tile, lid, wv, xv);
             if (i + 1u < p.a) {
                 wv = load_w(i + 1u, tile, lid);
             }
@@ -232,22 +237,13 @@ fn main_chain(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 }
 
 @compute @workgroup_size(256)
+fn main_chain(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    chain(wg.x, lid, false);
+}
+
+@compute @workgroup_size(256)
 fn main_chain_atomic(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tile = wg.x;
-    let works = tile < TILES;
-    var wv = W6(vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u), vec4<u32>(0u));
-    if (works) {
-        wv = load_w(0u, tile, lid);
-    }
-    for (var i = 0u; i < p.a; i++) {
-        if (works) {
-            gemv_phase(i, tile, lid, wv, load_x_atomic(i, lid));
-            if (i + 1u < p.a) {
-                wv = load_w(i + 1u, tile, lid);
-            }
-        }
-        grid_sync(lid);
-    }
+    chain(wg.x, lid, true);
 }
 
 @compute @workgroup_size(256)
