@@ -822,12 +822,11 @@ pub struct Kernels {
     /// [`Kernels::reserve_blocked_attention`] where attention_coop is there.
     head_planes: Option<Buffer>,
     gemv: Arc<Kernel>,
-    /// The GEMV for one row (a decode step), named registers instead of a row array, as
-    /// read from gemv.wgsl (both switches read from the flags) and in its variants with the
-    /// switches fixed (`gemv_m1_source`: Plain, LayerNorm, Merge), which the decode GEMVs
-    /// take unless `VERBATIM_GEMV_M1_GENERIC=1`.
-    gemv_m1: Arc<Kernel>,
-    gemv_m1_fixed: Option<[Arc<Kernel>; 3]>,
+    /// The GEMV for one row (a decode step), named registers instead of a row array: its
+    /// variants with the switches fixed (`gemv_m1_source`), indexed by [`GemvM1Variant`];
+    /// all three the generic kernel (both switches read from the flags) with
+    /// `VERBATIM_GEMV_M1_GENERIC=1`.
+    gemv_m1: [Arc<Kernel>; 3],
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     /// The logits GEMV without and with its LayerNorm folded in (`gemv_rows_source`).
@@ -982,16 +981,16 @@ impl Kernels {
                 Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMV_WIDE_MIN_BYTES={v}: a byte count")))?,
                 _ => GEMV_WIDE_MIN_BYTES,
             },
-            gemv_m1: gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?,
-            gemv_m1_fixed: if std::env::var("VERBATIM_GEMV_M1_GENERIC").is_ok_and(|v| !v.is_empty() && v != "0") {
-                None
+            gemv_m1: if std::env::var("VERBATIM_GEMV_M1_GENERIC").is_ok_and(|v| !v.is_empty() && v != "0") {
+                let k = gpu.kernel_entry("gemv_m1_f16", GEMV_SOURCE, "main_m1", &[R, R, R, R, R, W])?;
+                [k.clone(), k.clone(), k]
             } else {
                 let rw = [R, R, R, R, R, W];
-                Some([
+                [
                     gpu.kernel_entry("gemv_m1_f16_plain", &gemv_m1_source(GemvM1Variant::Plain)?, "main_m1", &rw)?,
                     gpu.kernel_entry("gemv_m1_f16_ln", &gemv_m1_source(GemvM1Variant::LayerNorm)?, "main_m1", &rw)?,
                     gpu.kernel_entry("gemv_m1_f16_merge", &gemv_m1_source(GemvM1Variant::Merge)?, "main_m1", &rw)?,
-                ])
+                ]
             },
             ffn_decode: gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W])?,
             ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
@@ -1127,13 +1126,9 @@ impl Kernels {
         self.linear(rec, Rows::new(scratch, w.k as usize), m, w, bias, y, ep)
     }
 
-    /// main_m1 for dispatches whose flags match `v` (the generic kernel where the variants
-    /// are switched off).
+    /// main_m1 for dispatches whose flags match `v`.
     fn m1_kernel(&self, v: GemvM1Variant) -> &Arc<Kernel> {
-        match &self.gemv_m1_fixed {
-            Some(k) => &k[v as usize],
-            None => &self.gemv_m1,
-        }
+        &self.gemv_m1[v as usize]
     }
 
     #[allow(clippy::too_many_arguments)]
