@@ -965,18 +965,14 @@ impl Kernels {
                 &gemv_stream_source(gemv_stream_slices(&gpu.device.limits()))?,
                 &[R, R, R, R, R, W],
             )?,
-            gemv_rows: [
-                gpu.kernel(
-                    if branchless_loads_wanted() { "gemv_rows_f16" } else { "gemv_rows_f16_branchy" },
-                    &gemv_rows_source(false, branchless_loads_wanted())?,
-                    &[R, R, R, R, R, W],
-                )?,
-                gpu.kernel(
-                    if branchless_loads_wanted() { "gemv_rows_f16_ln" } else { "gemv_rows_f16_ln_branchy" },
-                    &gemv_rows_source(true, branchless_loads_wanted())?,
-                    &[R, R, R, R, R, W],
-                )?,
-            ],
+            gemv_rows: {
+                let branchless = branchless_loads_wanted();
+                let (plain, ln) = if branchless { ("gemv_rows_f16", "gemv_rows_f16_ln") } else { ("gemv_rows_f16_branchy", "gemv_rows_f16_ln_branchy") };
+                [
+                    gpu.kernel(plain, &gemv_rows_source(false, branchless)?, &[R, R, R, R, R, W])?,
+                    gpu.kernel(ln, &gemv_rows_source(true, branchless)?, &[R, R, R, R, R, W])?,
+                ]
+            },
             gemv_wide_min_bytes: match std::env::var("VERBATIM_GEMV_WIDE_MIN_BYTES") {
                 Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMV_WIDE_MIN_BYTES={v}: a byte count")))?,
                 _ => GEMV_WIDE_MIN_BYTES,

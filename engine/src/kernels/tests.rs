@@ -1421,6 +1421,9 @@ fn attention_merged_into_the_projection_matches_reference() {
     run_merged(&mut r, 1, 1500, 6, 64, 384, true, true);
     run_merged(&mut r, 3, 530, 2, 20, 46, false, false);
     run_merged(&mut r, 8, 300, 4, 16, 66, true, false);
+    // More than eight splits (2300 keys: nine): the merge's loop rather than its unrolled
+    // loads.
+    run_merged(&mut r, 1, 2300, 2, 64, 128, true, false);
     // A projection over 8 MiB: the merge stays in main_m1 at any size.
     run_merged(&mut r, 2, 700, 20, 64, 4098, false, true);
     // Keys in one split: nothing to merge, the attention runs whole.
