@@ -14,6 +14,12 @@
 // row's bits are the row's alone: a verify pass's rows equal single decode steps bit for
 // bit, which keeps speculative output identical to greedy.
 //
+// `main_sum_norm` is main_sum for the decoder's last layer: it also writes LayerNorm(x[r])
+// with the final norm's gamma and beta (the logits' input), so a step needs no dispatch
+// for the final norm. The last of a row's workgroups to arrive (an atomic counter) reads
+// the finished row back and normalises it with layernorm.wgsl's arithmetic (row_stats.wgsl,
+// appended): the same bits as the final-norm dispatch it replaces.
+//
 // Not one dispatch: the last workgroup to arrive (atomic counters, the partials as atomics,
 // storageBarrier) summing them in the same dispatch read 18-22 us in the per-kernel table
 // on the H200 against 10-12 without the sum (commit 0c24cf9): its chain of L2 round trips
@@ -21,7 +27,9 @@
 
 struct Params {
     d: u32, ffn: u32, chunks: u32, x_off: u32,
-    x_stride: u32, eps: f32, _p0: u32, _p1: u32,
+    x_stride: u32, eps: f32,
+    fin_eps: f32, // main_sum_norm: the final norm's epsilon
+    _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -33,6 +41,14 @@ struct Params {
 @group(0) @binding(6) var<storage, read> gamma: array<f32>;
 @group(0) @binding(7) var<storage, read> beta: array<f32>;
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
+// main_sum_norm only: the rows' arrival counters (FIN_ROWS words, zero between dispatches)
+// then a copy of each finished row (the last workgroup reads it as atomics: an SM's L1 may
+// hold stale lines of x that it read before the other workgroups wrote them), the final
+// norm's gamma and beta, and the normalised rows (row r at r d).
+@group(0) @binding(9) var<storage, read_write> fin: array<atomic<u32>>;
+@group(0) @binding(10) var<storage, read> fin_gamma: array<f32>;
+@group(0) @binding(11) var<storage, read> fin_beta: array<f32>;
+@group(0) @binding(12) var<storage, read_write> xn_out: array<f32>;
 
 const WG: u32 = 256u;
 const CP: u32 = 8u; // hidden column pairs a workgroup (FFN_CHUNK = 2 CP hidden units in mod.rs)
@@ -40,12 +56,14 @@ const CH: u32 = 16u; // hidden units a workgroup
 const KG: u32 = 32u; // K slices of the fc1 part (CP x KG = WG)
 const SLICES: u32 = 16u; // main_sum: chunk slices a workgroup, each output's 16 in a tree
 const MAXD: u32 = 1280u; // d_model (FFN_MAX_D in mod.rs)
+const FIN_ROWS: u32 = 8u; // rows a dispatch takes (GEMV_MAX_ROWS in mod.rs)
 
 var<workgroup> xn: array<f32, MAXD>; // LayerNorm(row)
 var<workgroup> tree: array<f32, WG>;
 var<workgroup> red: array<vec2<f32>, WG>; // [KG][CP] fc1 slices
 var<workgroup> hs: array<f32, CH>; // this chunk's hidden values
 var<workgroup> sums: array<f32, WG>; // main_sum: [SLICES][16 outputs]
+var<workgroup> arrived_last: u32; // main_sum_norm
 
 // Sum of v over the workgroup, a 4-ary tree (256 = 4^4: four barriers), every thread gets it.
 fn wg_total(v: f32, lid: u32) -> f32 {
@@ -265,8 +283,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 // takes outputs 16 b .. 16 b + 16 of row r: thread (o, sl) = (lid % 16, lid / 16) adds
 // chunks sl * per .. (sl + 1) * per, its loads issued sixteen at a time before any is added,
 // and a fixed tree joins the 16 slices.
-@compute @workgroup_size(WG)
-fn main_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+// Returns the output's new value in the threads that wrote one (sl == 0, n < d).
+fn sum_chunks(wg: vec3<u32>, lid: u32) -> f32 {
     let row = wg.z;
     let d = p.d;
     let o = lid % 16u;
@@ -313,6 +331,53 @@ fn main_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_inde
     if (sl == 0u && wg.x * 16u + o < d) {
         let t = sums[lid] + sums[lid + 16u] + sums[lid + 32u] + sums[lid + 48u];
         let xi = p.x_off + row * p.x_stride + n;
-        x[xi] = x[xi] + (t + b2[n]);
+        let v = x[xi] + (t + b2[n]);
+        x[xi] = v;
+        return v;
+    }
+    return 0.0;
+}
+
+@compute @workgroup_size(WG)
+fn main_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    sum_chunks(wg, lid);
+}
+
+// Element i of the finished row, for row_stats.wgsl (main_sum_norm's last workgroup).
+fn row_x(i: u32) -> f32 {
+    return xn[i];
+}
+
+@compute @workgroup_size(WG)
+fn main_sum_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wg.z;
+    let d = p.d;
+    let n = wg.x * 16u + lid % 16u;
+    let v = sum_chunks(wg, lid);
+    let copy = FIN_ROWS + row * d;
+    if (lid / 16u == 0u && n < d) {
+        atomicStore(&fin[copy + n], bitcast<u32>(v));
+    }
+    // storageBarrier is a device-scope acquire-release in SPIR-V: this workgroup's copy is
+    // visible before its arrival is counted, and the last one reads the others' after it.
+    storageBarrier();
+    if (lid == 0u) {
+        arrived_last = u32(atomicAdd(&fin[row], 1u) + 1u == (d + 15u) / 16u);
+    }
+    if (workgroupUniformLoad(&arrived_last) == 0u) {
+        return;
+    }
+    storageBarrier();
+    for (var c = lid; c < d; c += WG) {
+        xn[c] = bitcast<f32>(atomicLoad(&fin[copy + c]));
+    }
+    workgroupBarrier();
+    let st = row_stats(0u, d, p.fin_eps, lid);
+    let yb = row * d;
+    for (var c = lid; c < d; c += WG) {
+        xn_out[yb + c] = (xn[c] - st.x) * st.y * fin_gamma[c] + fin_beta[c];
+    }
+    if (lid == 0u) {
+        atomicStore(&fin[row], 0u);
     }
 }

@@ -12,7 +12,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read> beta: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-@compute @workgroup_size(128)
+fn row_x(i: u32) -> f32 {
+    return x[i];
+}
+
+@compute @workgroup_size(ROW_WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wg.x + wg.y * 32768u;
     if (row >= p.rows) {
@@ -23,7 +27,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let mean = st.x;
     let inv = st.y;
     let yb = p.y_off + row * p.cols;
-    for (var c = lid; c < p.cols; c += WG) {
+    for (var c = lid; c < p.cols; c += ROW_WG) {
         y[yb + c] = (x[xb + c] - mean) * inv * gamma[c] + beta[c];
     }
 }

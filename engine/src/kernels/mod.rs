@@ -102,7 +102,7 @@ pub const GEMV_MAX_ROWS: u32 = 8;
 
 /// ffn_decode.wgsl as compiled (GELU prepended): the decoder's feed-forward block for up to
 /// [`GEMV_MAX_ROWS`] rows in two dispatches.
-pub const FFN_DECODE_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("ffn_decode.wgsl"));
+pub const FFN_DECODE_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("ffn_decode.wgsl"), include_str!("row_stats.wgsl"));
 /// Hidden units per ffn_decode workgroup (`CH` in ffn_decode.wgsl).
 const FFN_CHUNK: u32 = 16;
 /// Outputs per workgroup of its sum (`main_sum`).
@@ -634,7 +634,7 @@ struct FfnParams {
     x_off: u32,
     x_stride: u32,
     eps: f32,
-    _p0: u32,
+    fin_eps: f32,
     _p1: u32,
 }
 
@@ -837,6 +837,12 @@ pub struct Kernels {
     /// The decoder's feed-forward block (ffn_decode.wgsl): the chunks' partials, their sum.
     ffn_decode: Arc<Kernel>,
     ffn_sum: Arc<Kernel>,
+    /// The sum that also writes the final LayerNorm of its rows (`main_sum_norm`; None where
+    /// the device takes fewer than its 12 storage buffers a kernel, or with
+    /// `VERBATIM_FINAL_NORM_FUSED=0` to compare on a device), and its arrival counters and
+    /// row copies.
+    ffn_sum_norm: Option<Arc<Kernel>>,
+    ffn_fin: Buffer,
     /// Whether a decode step or verify pass over f16 weights takes it
     /// (`VERBATIM_FFN_FUSED=0`: fc1 and fc2 as two GEMVs, to compare on a device).
     pub ffn_fused: bool,
@@ -990,6 +996,13 @@ impl Kernels {
             },
             ffn_decode: gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W])?,
             ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
+            ffn_sum_norm: match gpu.device.limits().max_storage_buffers_per_shader_stage >= 12
+                && std::env::var("VERBATIM_FINAL_NORM_FUSED").map_or(true, |v| v != "0")
+            {
+                true => Some(gpu.kernel_entry("ffn_sum_norm", FFN_DECODE_SOURCE, "main_sum_norm", &[W, R, R, R, R, R, R, W, W, R, R, W])?),
+                false => None,
+            },
+            ffn_fin: gpu.buffer("ffn final-norm rows", (GEMV_MAX_ROWS + GEMV_MAX_ROWS * FFN_MAX_D) as u64 * 4)?,
             ffn_fused: std::env::var("VERBATIM_FFN_FUSED").map_or(true, |v| v != "0"),
             gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
@@ -1189,7 +1202,9 @@ impl Kernels {
     /// The decoder's feed-forward block over `m` (1 to [`GEMV_MAX_ROWS`]) rows of the
     /// residual `x`, in place: x[r] += GELU(LayerNorm(x[r]) · W1ᵀ + b1) · W2ᵀ + b2, in two
     /// dispatches (ffn_decode.wgsl), each row bit-identical to the same row alone. `scratch`
-    /// holds [`ffn_scratch_words`] floats (the partials).
+    /// holds [`ffn_scratch_words`] floats (the partials). With `final_norm` (the decoder's
+    /// last layer; see [`Kernels::final_norm_fused`]) the sum also writes LayerNorm(x[r]) with
+    /// its gamma and beta to row r of its buffer, as [`Kernels::layer_norm`] would.
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_decode(
         &self,
@@ -1202,6 +1217,7 @@ impl Kernels {
         w2: &F16Matrix,
         b2: &Buffer,
         scratch: &Buffer,
+        final_norm: Option<(NormArgs, &Buffer)>,
     ) -> Result<()> {
         let (d, ffn) = (w1.k, w1.n);
         let chunks = ffn.div_ceil(FFN_CHUNK);
@@ -1218,15 +1234,36 @@ impl Kernels {
         if scratch.size() < words * 4 {
             return Err(Error::Invalid(format!("ffn_decode: scratch of {} bytes for {} words", scratch.size(), words)));
         }
-        let params = FfnParams { d, ffn, chunks, x_off: x.off, x_stride: x.stride, eps: norm.eps, _p0: 0, _p1: 0 };
+        let fin_eps = final_norm.map_or(0.0, |(n, _)| n.eps);
+        let params = FfnParams { d, ffn, chunks, x_off: x.off, x_stride: x.stride, eps: norm.eps, fin_eps, _p1: 0 };
         let (mu, du, fu) = (m as u64, d as u64, ffn as u64);
         let parts = mu * chunks as u64 * du * 4;
         let bufs = [x.buf, &w1.buf, b1, &w2.buf, b2, norm.gamma, norm.beta, scratch];
         // The weights once (later rows from L2), the rows, the partials written.
         let cost = Cost { bytes: w1.bytes() + w2.bytes() + mu * du * 4 + parts, flops: 4 * mu * du * fu };
         rec.dispatch(&self.ffn_decode, bytemuck::bytes_of(&params), &bufs, [chunks, 1, m], cost)?;
-        let cost = Cost { bytes: parts + mu * du * 8, flops: mu * du * chunks as u64 };
-        rec.dispatch(&self.ffn_sum, bytemuck::bytes_of(&params), &bufs, [d.div_ceil(FFN_SUM_OUTPUTS), 1, m], cost)
+        let mut cost = Cost { bytes: parts + mu * du * 8, flops: mu * du * chunks as u64 };
+        let grid = [d.div_ceil(FFN_SUM_OUTPUTS), 1, m];
+        let Some((fin, out)) = final_norm else {
+            return rec.dispatch(&self.ffn_sum, bytemuck::bytes_of(&params), &bufs, grid, cost);
+        };
+        let Some(kernel) = &self.ffn_sum_norm else {
+            return Err(Error::Unsupported("ffn_decode: the final LayerNorm in the sum (see final_norm_fused)".into()));
+        };
+        if out.size() < mu * du * 4 {
+            return Err(Error::Invalid(format!("ffn_decode: {} bytes for {m} normalised rows of {d}", out.size())));
+        }
+        // The row copies, read back, and the normalised rows.
+        cost.bytes += mu * du * 12;
+        let [xb, w1b, b1b, w2b, b2b, gb, bb, sb] = bufs;
+        let bufs = [xb, w1b, b1b, w2b, b2b, gb, bb, sb, &self.ffn_fin, fin.gamma, fin.beta, out];
+        rec.dispatch(kernel, bytemuck::bytes_of(&params), &bufs, grid, cost)
+    }
+
+    /// Whether [`Kernels::ffn_decode`] takes a final norm (its sum then writes it; a decode
+    /// step needs no dispatch for the decoder's final LayerNorm).
+    pub fn final_norm_fused(&self) -> bool {
+        self.ffn_sum_norm.is_some()
     }
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · Wᵀ + b) (`norm` Some) or act(x[r] · Wᵀ + b) for any

@@ -33,6 +33,11 @@ struct Params {
 
 // LO_SCALE, split_hi and split_pair: f16_split.wgsl (appended).
 
+// Element i of X for row_stats.wgsl (appended).
+fn row_x(i: u32) -> f32 {
+    return x[i];
+}
+
 // One element of the im2col view (gemm_io.wgsl's load_x with flag 8).
 fn conv_x(row: u32, col: u32) -> f32 {
     if (p.heads != 0u && col >= p.heads) {
@@ -132,7 +137,7 @@ fn norm_row(wg: vec3<u32>, lid: u32) -> NormRow {
     r.plane = p.rows_pad * half_cols;
     r.ob = r.row * half_cols;
     if (r.row >= p.rows) {
-        for (var j = lid; j < half_cols; j += WG) {
+        for (var j = lid; j < half_cols; j += ROW_WG) {
             out[r.ob + j] = 0u;
             out[r.plane + r.ob + j] = 0u;
         }
@@ -151,7 +156,7 @@ fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     if (!r.live) {
         return;
     }
-    for (var j = lid; j < p.cols / 2u; j += WG) {
+    for (var j = lid; j < p.cols / 2u; j += ROW_WG) {
         let v = norm_pair(r.xb, 2u * j, r.st);
         let w = split_pair(v.x, v.y);
         out[r.ob + j] = w.x;
@@ -170,7 +175,7 @@ fn main_norm_rows_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
     if (!r.live) {
         return;
     }
-    for (var j = lid; j < p.cols / 2u; j += WG) {
+    for (var j = lid; j < p.cols / 2u; j += ROW_WG) {
         let v = norm_pair(r.xb, 2u * j, r.st);
         y[r.row * p.cols + 2u * j] = v.x;
         y[r.row * p.cols + 2u * j + 1u] = v.y;

@@ -301,7 +301,10 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
 /// ffn_decode.wgsl against LayerNorm, fc1, GELU, fc2 and the residual on the CPU, for `m`
 /// rows at an offset and a stride wider than d (the words between the rows must stay as
 /// they were). Twice on fresh rows with the same scratch (the first run's partials must
-/// not leak into the second). Then each row alone, which must give the same bits.
+/// not leak into the second). Then each row alone, which must give the same bits. Where the
+/// device fuses the final norm, every run also writes it (main_sum_norm, into a poisoned
+/// buffer): against the CPU's LayerNorm of the updated rows, and bit for bit against the
+/// LayerNorm kernel it replaces; each run after the first needs the counters it left at 0.
 fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
@@ -324,6 +327,12 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
     let norm = || NormArgs { gamma: &gb, beta: &bb, eps: 1e-5 };
     let what = format!("m={m} d={d} ffn={ffn}");
     let len = off + m * stride + 7;
+    let fused = kern.final_norm_fused();
+    let (fg, fb): (Vec<f32>, Vec<f32>) = (rand_vec(r, d, 0.5).iter().map(|v| v + 1.0).collect(), rand_vec(r, d, 0.5));
+    let (fgb, fbb) = (g.upload_f32("final gamma", &fg).unwrap(), g.upload_f32("final beta", &fb).unwrap());
+    let fin_norm = || NormArgs { gamma: &fgb, beta: &fbb, eps: 1e-5 };
+    let xn_len = m * d + 5;
+    let poisoned = || g.upload_f32("normalised rows", &vec![f32::NAN; xn_len]).unwrap();
     for round in 0..2 {
         // Rows with an offset mean (a residual stream's), the words around them random too.
         let mut buf = rand_vec(r, len, 1.0);
@@ -335,8 +344,10 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
             }
         }
         let xb = g.upload_f32("x", &buf).unwrap();
+        let xn = poisoned();
         let mut rec = g.recorder();
-        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm(), &w1m, &b1b, &w2m, &b2b, &scratch).unwrap();
+        let fin = fused.then(|| (fin_norm(), &xn));
+        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
         rec.submit(None).unwrap();
         let got = g.read_f32(&xb, 0, len).unwrap();
         let want = ops::ffn_residual(&x, m, d, &gm, &bt, 1e-5, &w1, &b1, ffn, &w2, &b2);
@@ -351,14 +362,34 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
         }
         let e = rel_err(&rows, &want);
         assert!(e < 1e-5, "{what}, round {round}: rel err {e}");
+        let normed = g.read_f32(&xn, 0, xn_len).unwrap();
+        if fused {
+            let want = ops::layer_norm(&rows, m, d, &fg, &fb, 1e-5);
+            let e = rel_err(&normed[..m * d], &want);
+            assert!(e < 1e-5, "{what}, round {round}: the final norm's rel err {e}");
+            assert!(normed[m * d..].iter().all(|v| v.is_nan()), "{what}, round {round}: words past the normalised rows written");
+            // The LayerNorm kernel over the same updated rows: the same bits.
+            let ln_out = poisoned();
+            let mut rec = g.recorder();
+            for i in 0..m {
+                kern.layer_norm(&mut rec, &xb, (off + i * stride) as u32, 1, d as u32, &fgb, &fbb, &ln_out, (i * d) as u32, 1e-5).unwrap();
+            }
+            rec.submit(None).unwrap();
+            let by_kernel = g.read_f32(&ln_out, 0, m * d).unwrap();
+            for (i, (a, b)) in normed.iter().zip(&by_kernel).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{what}, round {round}: normalised word {i} is {a}, the LayerNorm kernel's {b}");
+            }
+        }
         if round == 1 {
             let together = rows;
             // Each row alone (its own dispatch), from the same inputs.
             let mut rec = g.recorder();
             let xa = g.upload_f32("x alone", &buf).unwrap();
-            for i in 0..m {
+            let xna: Vec<Buffer> = (0..m).map(|_| poisoned()).collect();
+            for (i, xn) in xna.iter().enumerate() {
                 let row = Rows::at(&xa, off + i * stride, stride);
-                kern.ffn_decode(&mut rec, row, 1, norm(), &w1m, &b1b, &w2m, &b2b, &scratch).unwrap();
+                let fin = fused.then(|| (fin_norm(), xn));
+                kern.ffn_decode(&mut rec, row, 1, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
             }
             rec.submit(None).unwrap();
             let alone = g.read_f32(&xa, 0, len).unwrap();
@@ -366,6 +397,13 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
                 for c in 0..d {
                     let (a, b) = (together[i * d + c], alone[off + i * stride + c]);
                     assert_eq!(a.to_bits(), b.to_bits(), "{what}: row {i} element {c} is {a}, alone {b}");
+                }
+                if fused {
+                    let lone = g.read_f32(&xna[i], 0, d).unwrap();
+                    for c in 0..d {
+                        let (a, b) = (normed[i * d + c], lone[c]);
+                        assert_eq!(a.to_bits(), b.to_bits(), "{what}: row {i}'s normalised element {c} is {a}, alone {b}");
+                    }
                 }
             }
         }
@@ -396,12 +434,16 @@ fn ffn_decode_refuses_what_it_cannot_do() {
     let norm = NormArgs { gamma: &gm, beta: &bt, eps: 1e-5 };
     let mut rec = g.recorder();
     let x_rows = Rows::new(&x, 64);
-    assert!(kern.ffn_decode(&mut rec, x_rows, 0, norm, &w1, &b1, &w2, &b2, &scratch).is_err(), "no rows");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 9, norm, &w1, &b1, &w2, &b2, &scratch).is_err(), "9 rows");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w2, &b2, &small).is_err(), "short scratch");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w1, &b2, &scratch).is_err(), "W2 of W1's shape");
-    assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, norm, &w1, &b1, &w2, &b2, &scratch).is_err(), "rows narrower than d");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 8, norm, &w1, &b1, &w2, &b2, &scratch).is_ok());
+    assert!(kern.ffn_decode(&mut rec, x_rows, 0, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "no rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 9, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "9 rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w2, &b2, &small, None).is_err(), "short scratch");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w1, &b2, &scratch, None).is_err(), "W2 of W1's shape");
+    assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "rows narrower than d");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 8, norm, &w1, &b1, &w2, &b2, &scratch, None).is_ok());
+    if kern.final_norm_fused() {
+        let short = g.buffer("normalised rows", 64 * 8 * 4 - 4).unwrap();
+        assert!(kern.ffn_decode(&mut rec, x_rows, 8, norm, &w1, &b1, &w2, &b2, &scratch, Some((norm, &short))).is_err(), "a short output");
+    }
 }
 
 #[test]

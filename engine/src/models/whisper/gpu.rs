@@ -1149,10 +1149,18 @@ impl GpuWhisper {
         }
         let x = Rows::new(b.dec_x, d);
         let s3 = 3 * d;
+        // The final LayerNorm in the last feed-forward block's sum (ffn_decode.wgsl's
+        // main_sum_norm), where that block normalises exactly the rows the logits read: a
+        // dispatch less a step.
+        let ffn_decode_rows = k.ffn_fused && (m == 1 || per_row);
+        let norm_in_ffn = ffn_decode_rows
+            && k.final_norm_fused()
+            && matches!(logits_w, WRef::Rows(_))
+            && layers.last().is_some_and(|l| matches!((l.fc1.w, l.fc2.w), (WRef::F16(_), WRef::F16(_))));
         // Per layer: the LayerNorms are folded into the GEMVs that read them (for a few rows;
         // more rows of f16 weights go through the LayerNorm kernel into `dec_xn` and the
         // tiled GEMM).
-        for l in layers {
+        for (li, l) in layers.iter().enumerate() {
             let qkv = Rows::at(l.qkv_cache, pos0 * s3, s3);
             rec.part("self_qkv");
             lin(rec, x, Some(l.self_norm), l.qkv, qkv, plain)?;
@@ -1205,9 +1213,10 @@ impl GpuWhisper {
             // A decode step's row or a verify pass's rows over f16 weights: fc1 and fc2 as
             // ffn_decode.wgsl's chunks and their sum (every row as it would be alone).
             match (l.fc1.w, l.fc2.w) {
-                (WRef::F16(w1), WRef::F16(w2)) if k.ffn_fused && (m == 1 || per_row) => {
+                (WRef::F16(w1), WRef::F16(w2)) if ffn_decode_rows => {
                     rec.part("ffn");
-                    k.ffn_decode(rec, x, m, ln(l.ffn_norm), w1, l.fc1.b, w2, l.fc2.b, b.ffn_scratch)?;
+                    let fin = (norm_in_ffn && li + 1 == layers.len()).then(|| (ln(b.dec_norm), b.dec_xn));
+                    k.ffn_decode(rec, x, m, ln(l.ffn_norm), w1, l.fc1.b, w2, l.fc2.b, b.ffn_scratch, fin)?;
                 }
                 _ => {
                     let h = Rows::new(b.dec_h, dims.ffn);
@@ -1226,8 +1235,10 @@ impl GpuWhisper {
         let (xl, ml) = if per_row { (x, m) } else { (Rows::at(b.dec_x, (n - 1) * d, d), 1) };
         match logits_w {
             WRef::Rows(_) => {
-                rec.part("final_norm");
-                k.layer_norm(rec, xl.buf, xl.off, ml, d as u32, &b.dec_norm.gamma, &b.dec_norm.beta, b.dec_xn, 0, LN_EPS)?;
+                if !norm_in_ffn {
+                    rec.part("final_norm");
+                    k.layer_norm(rec, xl.buf, xl.off, ml, d as u32, &b.dec_norm.gamma, &b.dec_norm.beta, b.dec_xn, 0, LN_EPS)?;
+                }
                 rec.part("logits");
                 lin_m(rec, Rows::new(b.dec_xn, d), ml, None, logits_w, None, logits, plain)
             }
