@@ -55,30 +55,68 @@ fn wg_sum(v: f32, lid: u32) -> f32 {
 // but it loses precision when x[0] is far from the mean).
 // The first pass loads four of the thread's elements before adding any (the same adds in
 // the same order as one at a time): a loop of `s += x[..]` waits on a round trip to L2 per
-// element, three of them for d = 768 with 256 threads.
+// element, three of them for d = 768 with 256 threads. Its first round's four stay in
+// registers for the second pass (every row up to 4 WG = 1024 wide has no other), which
+// then loads nothing after the first tree; the same subtractions in the same order.
 fn ln_stats(xb: u32, slot: u32, lid: u32) {
     let kf = f32(p.k);
-    var s = 0.0;
     let last = xb + p.k - 1u;
-    for (var c = lid; c < p.k; c += 4u * WG) {
-        let v0 = x[xb + c];
-        let v1 = x[min(xb + c + WG, last)];
-        let v2 = x[min(xb + c + 2u * WG, last)];
-        let v3 = x[min(xb + c + 3u * WG, last)];
+    let v0 = x[min(xb + lid, last)];
+    let v1 = x[min(xb + lid + WG, last)];
+    let v2 = x[min(xb + lid + 2u * WG, last)];
+    let v3 = x[min(xb + lid + 3u * WG, last)];
+    let in0 = lid < p.k;
+    let in1 = lid + WG < p.k;
+    let in2 = lid + 2u * WG < p.k;
+    let in3 = lid + 3u * WG < p.k;
+    var s = 0.0;
+    if (in0) {
         s += v0;
+    }
+    if (in1) {
+        s += v1;
+    }
+    if (in2) {
+        s += v2;
+    }
+    if (in3) {
+        s += v3;
+    }
+    for (var c = lid + 4u * WG; c < p.k; c += 4u * WG) {
+        let u0 = x[xb + c];
+        let u1 = x[min(xb + c + WG, last)];
+        let u2 = x[min(xb + c + 2u * WG, last)];
+        let u3 = x[min(xb + c + 3u * WG, last)];
+        s += u0;
         if (c + WG < p.k) {
-            s += v1;
+            s += u1;
         }
         if (c + 2u * WG < p.k) {
-            s += v2;
+            s += u2;
         }
         if (c + 3u * WG < p.k) {
-            s += v3;
+            s += u3;
         }
     }
     let mean = wg_sum(s, lid) / kf;
     var q = 0.0;
-    for (var c = lid; c < p.k; c += WG) {
+    if (in0) {
+        let d = v0 - mean;
+        q += d * d;
+    }
+    if (in1) {
+        let d = v1 - mean;
+        q += d * d;
+    }
+    if (in2) {
+        let d = v2 - mean;
+        q += d * d;
+    }
+    if (in3) {
+        let d = v3 - mean;
+        q += d * d;
+    }
+    for (var c = lid + 4u * WG; c < p.k; c += WG) {
         let d = x[xb + c] - mean;
         q += d * d;
     }
