@@ -880,8 +880,18 @@ pub struct Kernels {
     /// The selection of several rows, each under its own parameters (a verify pass).
     select_partial_rows: Arc<Kernel>,
     select_rows: Arc<Kernel>,
-    /// Per row: 64 partial reductions of the logits + the probe logit (see select.wgsl).
+    /// Each pair above as one dispatch (select.wgsl's `main_pick_fused`, `main_rows_fused`):
+    /// the last workgroup of a row to arrive merges its partials.
+    select_pick_fused: Arc<Kernel>,
+    select_rows_fused: Arc<Kernel>,
+    /// Whether the selections take the fused kernels (`VERBATIM_SELECT_FUSED=0`: the pairs,
+    /// to compare on a device; the same bits either way).
+    pub select_fused: bool,
+    /// Per row: 64 partial reductions of the logits + the probe logit (see select.wgsl);
+    /// then the fused kernels' row counters.
     select_partials: Buffer,
+    /// Bound where the pairs' kernels declare the fused kernels' atomics (never written).
+    select_no_atomics: Buffer,
     zero: Buffer,
     /// A read-write binding nothing writes (gemm_into_planes' rows output).
     unused_out: Buffer,
@@ -1021,12 +1031,18 @@ impl Kernels {
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W, W])?,
             no_grids: gpu.buffer("no gated grids", 4)?,
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
-            select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W])?,
-            select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W, W])?,
-            select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W, W])?,
-            select_partial_rows: gpu.kernel_entry("select_partial_rows", include_str!("select.wgsl"), "main_partial_rows", &[R, R, W, W])?,
-            select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W])?,
-            select_partials: gpu.buffer("select partials", SELECT_ROW_PARTIALS * SELECT_ROWS as u64 * 4)?,
+            // Every selection entry declares all five buffers (the partials' reads and
+            // writes go through functions that also name the fused kernels' atomics).
+            select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W, W, W])?,
+            select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W, W, W])?,
+            select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W, W, W])?,
+            select_partial_rows: gpu.kernel_entry("select_partial_rows", include_str!("select.wgsl"), "main_partial_rows", &[R, R, W, W, W])?,
+            select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W, W, W])?,
+            select_pick_fused: gpu.kernel_entry("select_pick_fused", include_str!("select.wgsl"), "main_pick_fused", &[R, R, W, W, W])?,
+            select_rows_fused: gpu.kernel_entry("select_rows_fused", include_str!("select.wgsl"), "main_rows_fused", &[R, R, W, W, W])?,
+            select_fused: std::env::var("VERBATIM_SELECT_FUSED").map_or(true, |v| v != "0"),
+            select_partials: gpu.buffer("select partials", (SELECT_ROW_PARTIALS + 1) * SELECT_ROWS as u64 * 4)?,
+            select_no_atomics: gpu.buffer("select: no atomics", 16)?,
             zero: gpu.buffer("zero", 16)?,
             unused_out: gpu.buffer("unused output", 16)?,
         };
@@ -1258,6 +1274,16 @@ impl Kernels {
         let [xb, w1b, b1b, w2b, b2b, gb, bb, sb] = bufs;
         let bufs = [xb, w1b, b1b, w2b, b2b, gb, bb, sb, &self.ffn_fin, fin.gamma, fin.beta, out];
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &bufs, grid, cost)
+    }
+
+    /// Dispatches [`Kernels::select`] records (the last of a recording that ends with it:
+    /// a step encoded ahead rewrites their parameters before it is submitted).
+    pub fn select_dispatches(&self) -> usize {
+        if self.select_fused {
+            1
+        } else {
+            2
+        }
     }
 
     /// Whether [`Kernels::ffn_decode`] takes a final norm (its sum then writes it; a decode
@@ -2164,15 +2190,22 @@ impl Kernels {
         rec.dispatch(&self.copy_rows, bytemuck::bytes_of(&params), &[src.buf, dst.buf], [width.div_ceil(64), rows, 1], cost)
     }
 
-    /// The masked reductions of one row of logits (see select.wgsl); 8 words into `out`.
+    /// The masked reductions of one row of logits (see select.wgsl); 8 words into `out`. One
+    /// dispatch, or two without `select_fused` ([`Kernels::select_dispatches`]).
     pub(crate) fn select(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &SelectParams, out: &Buffer) -> Result<()> {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
         let block = select_block(std::slice::from_ref(params))?;
         let p = bytemuck::bytes_of(&block);
-        // (no timestamp state: `zero` is bound where main_partial would read it)
-        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, &self.zero], [SELECT_GROUPS as u32, 1, 1], cost)?;
         let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 32, flops: SELECT_GROUPS * 9 };
-        rec.dispatch(&self.select, p, &[&self.select_partials, suppress, out], [1, 1, 1], merge)
+        let none = &self.select_no_atomics;
+        // (no timestamp state: `zero` is bound where main_partial would read it)
+        if self.select_fused {
+            let both = Cost { bytes: cost.bytes + merge.bytes, flops: cost.flops + merge.flops };
+            let bufs = [logits, suppress, out, &self.zero, &self.select_partials];
+            return rec.dispatch(&self.select_rows_fused, p, &bufs, [SELECT_GROUPS as u32, 1, 1], both);
+        }
+        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, &self.zero, none], [SELECT_GROUPS as u32, 1, 1], cost)?;
+        rec.dispatch(&self.select, p, &[&self.select_partials, suppress, out, &self.zero, none], [1, 1, 1], merge)
     }
 
     /// [`Kernels::select`], and its choice written as a token id into `ids[params.tok_out]`:
@@ -2194,12 +2227,18 @@ impl Kernels {
         let cost = Cost { bytes: params.vocab as u64 * 4 + params.vocab as u64 / 8, flops: params.vocab as u64 * 4 };
         let block = select_block(std::slice::from_ref(params))?;
         let p = bytemuck::bytes_of(&block);
-        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, ids], [SELECT_GROUPS as u32, 1, 1], cost)?;
         let merge = Cost { bytes: SELECT_GROUPS * 9 * 4 + 36, flops: SELECT_GROUPS * 9 };
-        rec.dispatch(&self.select_pick, p, &[&self.select_partials, suppress, out, ids], [1, 1, 1], merge)
+        if self.select_fused {
+            let both = Cost { bytes: cost.bytes + merge.bytes, flops: cost.flops + merge.flops };
+            let bufs = [logits, suppress, out, ids, &self.select_partials];
+            return rec.dispatch(&self.select_pick_fused, p, &bufs, [SELECT_GROUPS as u32, 1, 1], both);
+        }
+        let none = &self.select_no_atomics;
+        rec.dispatch(&self.select_partial, p, &[logits, suppress, &self.select_partials, ids, none], [SELECT_GROUPS as u32, 1, 1], cost)?;
+        rec.dispatch(&self.select_pick, p, &[&self.select_partials, suppress, out, ids, none], [1, 1, 1], merge)
     }
 
-    /// [`Kernels::select`] of up to [`SELECT_ROWS`] rows in one pair of dispatches, row `i`
+    /// [`Kernels::select`] of up to [`SELECT_ROWS`] rows in one dispatch (one pair unfused), row `i`
     /// under `params[i]` (its own logit_off, out_off and masks): a verify pass's
     /// selections, each row's scores bit for bit what `select` gives it alone.
     pub(crate) fn select_rows(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &[SelectParams], out: &Buffer) -> Result<()> {
@@ -2212,10 +2251,16 @@ impl Kernels {
         let cost = Cost { bytes: vocab * 4 + vocab / 8, flops: vocab * 4 };
         let p = bytemuck::bytes_of(&block);
         // (no timestamp state: `zero` is bound where main_partial_rows would read it)
-        let bufs = [logits, suppress, &self.select_partials, &self.zero];
-        rec.dispatch(&self.select_partial_rows, p, &bufs, [SELECT_GROUPS as u32, rows as u32, 1], cost)?;
         let merge = Cost { bytes: rows * (SELECT_GROUPS * 9 * 4 + 32), flops: rows * SELECT_GROUPS * 9 };
-        rec.dispatch(&self.select_rows, p, &[&self.select_partials, suppress, out], [rows as u32, 1, 1], merge)
+        if self.select_fused {
+            let both = Cost { bytes: cost.bytes + merge.bytes, flops: cost.flops + merge.flops };
+            let bufs = [logits, suppress, out, &self.zero, &self.select_partials];
+            return rec.dispatch(&self.select_rows_fused, p, &bufs, [SELECT_GROUPS as u32, rows as u32, 1], both);
+        }
+        let none = &self.select_no_atomics;
+        let bufs = [logits, suppress, &self.select_partials, &self.zero, none];
+        rec.dispatch(&self.select_partial_rows, p, &bufs, [SELECT_GROUPS as u32, rows as u32, 1], cost)?;
+        rec.dispatch(&self.select_rows, p, &[&self.select_partials, suppress, out, &self.zero, none], [rows as u32, 1, 1], merge)
     }
 }
 

@@ -32,6 +32,14 @@
 // SELECT_ROWS parameter sets (the single-row entries read set 0), and each row's partials
 // take their own stretch of the partials buffer. A row's arithmetic is the single row's,
 // in the same order: the verify pass still gives the single steps' scores bit for bit.
+//
+// Fused (`main_pick_fused`, `main_rows_fused`; Kernels::select_fused): one dispatch instead
+// of each pair. The 64 workgroups of a row write their partials as atomics into `pa` (the
+// partials buffer, its row counters after the SELECT_ROWS rows' partials) and count their
+// arrival; the last to arrive merges them with the same arithmetic as `main_pick` /
+// `main_rows` (the same bits) and resets the counter. storageBarrier is a device-scope
+// acquire-release in SPIR-V, and atomics are read from L2, where an SM's L1 could hold a
+// stale line.
 
 struct Params {
     vocab: u32, ts_begin: u32, eot: u32, flags: u32,
@@ -49,6 +57,8 @@ var<private> p: Params;
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;
 // main_pick (the token and the timestamp state) and main_partial (the state, flag 8 only).
 @group(0) @binding(4) var<storage, read_write> ids: array<u32>;
+// The fused entries: the partials and the row counters as atomics.
+@group(0) @binding(5) var<storage, read_write> pa: array<atomic<u32>>;
 
 const WG: u32 = 256u;
 const NEG: f32 = -3.0e38;
@@ -150,21 +160,61 @@ fn tree_merge(lid: u32) {
 
 // Words of one row's partials (GROUPS x PW, then the probe).
 const ROW_PARTIALS: u32 = GROUPS * PW + 1u;
+// The fused entries' row counters in `pa`, after every row's partials.
+const COUNTERS: u32 = SELECT_ROWS * ROW_PARTIALS;
+
+var<workgroup> last_flag: u32;
+
+// Word i of the partials: written to `out` (the partials buffer bound there), or to `pa`
+// by the fused entries (`fused` is a constant at every call).
+fn put_partial(i: u32, w: u32, fused: bool) {
+    if (fused) {
+        atomicStore(&pa[i], w);
+    } else {
+        out[i] = w;
+    }
+}
+
+// Word i of the partials as a float: from `logits` (the partials buffer bound there), or
+// from `pa` in the fused entries.
+fn partial_word(i: u32, fused: bool) -> f32 {
+    if (fused) {
+        return bitcast<f32>(atomicLoad(&pa[i]));
+    }
+    return logits[i];
+}
+
+// The fused entries, after a workgroup's partial: whether it is the last of the row's
+// GROUPS to arrive (uniform; the last one also resets the row's counter).
+fn arrived_last(row: u32, lid: u32) -> bool {
+    storageBarrier();
+    if (lid == 0u) {
+        last_flag = u32(atomicAdd(&pa[COUNTERS + row], 1u) + 1u == GROUPS);
+    }
+    let last = workgroupUniformLoad(&last_flag) != 0u;
+    if (last) {
+        storageBarrier();
+        if (lid == 0u) {
+            atomicStore(&pa[COUNTERS + row], 0u);
+        }
+    }
+    return last;
+}
 
 @compute @workgroup_size(256)
 fn main_partial(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     p = ps[0];
-    partial(wg.x, lid, 0u);
+    partial(wg.x, lid, 0u, false);
 }
 
 @compute @workgroup_size(256)
 fn main_partial_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     p = ps[wg.y];
-    partial(wg.x, lid, wg.y * ROW_PARTIALS);
+    partial(wg.x, lid, wg.y * ROW_PARTIALS, false);
 }
 
 // Workgroup `group`'s partial over its slice of the vocabulary, written at out[base..].
-fn partial(group: u32, lid: u32, base: u32) {
+fn partial(group: u32, lid: u32, base: u32, fused: bool) {
     let chunk = (p.vocab + GROUPS - 1u) / GROUPS;
     let lo = group * chunk;
     let hi = min(p.vocab, lo + chunk);
@@ -193,30 +243,30 @@ fn partial(group: u32, lid: u32, base: u32) {
     tree_merge(lid);
     if (lid < 3u) {
         let b = base + group * PW + 3u * lid;
-        out[b] = bitcast<u32>(rm[lid * WG]);
-        out[b + 1u] = bitcast<u32>(rs[lid * WG]);
+        put_partial(b, bitcast<u32>(rm[lid * WG]), fused);
+        put_partial(b + 1u, bitcast<u32>(rs[lid * WG]), fused);
         // The id as a float (exact below 2^24; -1 for none): the merge pass reads partials
         // through the f32 binding, and a bit-cast id would be a denormal some GPUs flush.
-        out[b + 2u] = bitcast<u32>(select(f32(ra[lid * WG]), -1.0, ra[lid * WG] == NONE));
+        put_partial(b + 2u, bitcast<u32>(select(f32(ra[lid * WG]), -1.0, ra[lid * WG] == NONE)), fused);
     }
     if (group == 0u && lid == 0u) {
         if (p.probe < p.vocab) {
-            out[base + GROUPS * PW] = bitcast<u32>(logits[p.logit_off + p.probe]);
+            put_partial(base + GROUPS * PW, bitcast<u32>(logits[p.logit_off + p.probe]), fused);
         } else {
-            out[base + GROUPS * PW] = neg_inf_bits();
+            put_partial(base + GROUPS * PW, neg_inf_bits(), fused);
         }
     }
 }
 
-// Load the 64 partials at logits[base..] (the partials buffer is bound as `logits`) and
-// merge them into slot 0 of each group.
-fn merge_partials(lid: u32, base: u32) {
+// Load the 64 partials at logits[base..] (the partials buffer is bound as `logits`; `pa`
+// when fused) and merge them into slot 0 of each group.
+fn merge_partials(lid: u32, base: u32, fused: bool) {
     for (var g = 0u; g < 3u; g++) {
         var acc = Acc(NEG, 0.0, NONE);
         if (lid < GROUPS) {
             let b = base + lid * PW + 3u * g;
-            let id = logits[b + 2u];
-            acc = Acc(logits[b], logits[b + 1u], select(u32(id), NONE, id < 0.0));
+            let id = partial_word(b + 2u, fused);
+            acc = Acc(partial_word(b, fused), partial_word(b + 1u, fused), select(u32(id), NONE, id < 0.0));
         }
         rm[g * WG + lid] = acc.m; rs[g * WG + lid] = acc.s; ra[g * WG + lid] = acc.a;
     }
@@ -224,8 +274,8 @@ fn merge_partials(lid: u32, base: u32) {
 }
 
 // The 8 output words at out[out_off..] from the merged slots (thread 0 only); the probe
-// from the partials at logits[base..].
-fn write_scores(base: u32) {
+// from the partials at logits[base..] (`pa` when fused).
+fn write_scores(base: u32, fused: bool) {
     let o = p.out_off;
     for (var g = 0u; g < 2u; g++) {
         let i = g * WG;
@@ -240,16 +290,16 @@ fn write_scores(base: u32) {
         }
     }
     out[o + 6u] = bitcast<u32>(rm[2u * WG] + log(rs[2u * WG]));
-    out[o + 7u] = bitcast<u32>(logits[base + GROUPS * PW]);
+    out[o + 7u] = bitcast<u32>(partial_word(base + GROUPS * PW, fused));
 }
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32) {
     // `logits` is the partials buffer here.
     p = ps[0];
-    merge_partials(lid, 0u);
+    merge_partials(lid, 0u, false);
     if (lid == 0u) {
-        write_scores(0u);
+        write_scores(0u, false);
     }
 }
 
@@ -258,9 +308,24 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     p = ps[wg.x];
     let base = wg.x * ROW_PARTIALS;
-    merge_partials(lid, base);
+    merge_partials(lid, base, false);
     if (lid == 0u) {
-        write_scores(base);
+        write_scores(base, false);
+    }
+}
+
+// main_partial_rows and main_rows in one dispatch (grid GROUPS x rows; one row: `main`).
+@compute @workgroup_size(256)
+fn main_rows_fused(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    p = ps[wg.y];
+    let base = wg.y * ROW_PARTIALS;
+    partial(wg.x, lid, base, true);
+    if (!arrived_last(wg.y, lid)) {
+        return;
+    }
+    merge_partials(lid, base, true);
+    if (lid == 0u) {
+        write_scores(base, true);
     }
 }
 
@@ -273,39 +338,58 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
 @compute @workgroup_size(256)
 fn main_pick(@builtin(local_invocation_index) lid: u32) {
     p = ps[0];
-    merge_partials(lid, 0u);
+    merge_partials(lid, 0u, false);
     if (lid == 0u) {
-        let mk = masks();
-        write_scores(0u);
-        let text_ok = rs[0] != 0.0;
-        let ts_ok = rs[WG] != 0.0;
-        var id = p.eot;
-        if (text_ok) {
-            id = ra[0];
-        }
-        if (ts_ok && (!text_ok || rm[WG] > rm[0])) {
+        pick(false);
+    }
+}
+
+// main_partial and main_pick in one dispatch (grid GROUPS).
+@compute @workgroup_size(256)
+fn main_pick_fused(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    p = ps[0];
+    partial(wg.x, lid, 0u, true);
+    if (!arrived_last(0u, lid)) {
+        return;
+    }
+    merge_partials(lid, 0u, true);
+    if (lid == 0u) {
+        pick(true);
+    }
+}
+
+// main_pick's choice from the merged slots (thread 0).
+fn pick(fused: bool) {
+    let mk = masks();
+    write_scores(0u, fused);
+    let text_ok = rs[0] != 0.0;
+    let ts_ok = rs[WG] != 0.0;
+    var id = p.eot;
+    if (text_ok) {
+        id = ra[0];
+    }
+    if (ts_ok && (!text_ok || rm[WG] > rm[0])) {
+        id = ra[WG];
+    }
+    if (mk.check && ts_ok) {
+        let ts_lse = bitcast<f32>(out[p.out_off + 5u]);
+        if (!text_ok || ts_lse > rm[0]) {
             id = ra[WG];
         }
-        if (mk.check && ts_ok) {
-            let ts_lse = bitcast<f32>(out[p.out_off + 5u]);
-            if (!text_ok || ts_lse > rm[0]) {
-                id = ra[WG];
-            }
-        }
-        ids[p.tok_out] = id;
-        if ((p.flags & 32u) != 0u && id == p.eot) {
-            ids[p.done_off] = 1u; // the later steps of a gated batch run empty (embed.wgsl)
-        }
-        if ((p.flags & 8u) != 0u) {
-            out[p.rules_off] = mk.ts_lo;
-            out[p.rules_off + 1u] = u32(mk.text) | (u32(mk.check) << 1u);
-        }
-        if ((p.flags & 16u) != 0u) {
-            ids[p.state_off + 1u] = ids[p.state_off];
-            ids[p.state_off] = id;
-            if (id >= p.ts_begin) {
-                ids[p.state_off + 2u] = id + 1u;
-            }
+    }
+    ids[p.tok_out] = id;
+    if ((p.flags & 32u) != 0u && id == p.eot) {
+        ids[p.done_off] = 1u; // the later steps of a gated batch run empty (embed.wgsl)
+    }
+    if ((p.flags & 8u) != 0u) {
+        out[p.rules_off] = mk.ts_lo;
+        out[p.rules_off + 1u] = u32(mk.text) | (u32(mk.check) << 1u);
+    }
+    if ((p.flags & 16u) != 0u) {
+        ids[p.state_off + 1u] = ids[p.state_off];
+        ids[p.state_off] = id;
+        if (id >= p.ts_begin) {
+            ids[p.state_off + 2u] = id + 1u;
         }
     }
 }

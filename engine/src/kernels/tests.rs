@@ -1570,11 +1570,28 @@ fn copy_rows_matches_reference() {
     assert!(got[..dof].iter().all(|&w| w == NAN_BITS), "wrote before the destination offset");
 }
 
+/// A selection test with the fused kernels and with the pairs (select.wgsl): each must hold
+/// its checks on the same random inputs, and every word either reads back must be the same
+/// bits.
+fn select_both_ways(name: &str, test: fn(bool, StdRng) -> Vec<u32>) {
+    let r = rng(name);
+    let (fused, pairs) = (test(true, r.clone()), test(false, r));
+    assert_eq!(fused.len(), pairs.len());
+    for (i, (a, b)) in fused.iter().zip(&pairs).enumerate() {
+        assert_eq!(a, b, "word {i} read back: {a:#x} fused, {b:#x} as a pair of dispatches");
+    }
+}
+
 #[test]
 fn select_matches_reference() {
-    let mut r = rng("select");
+    select_both_ways("select", select_matches_reference_with);
+}
+
+fn select_matches_reference_with(fused: bool, mut r: StdRng) -> Vec<u32> {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.select_fused = fused;
+    let mut seen: Vec<u32> = Vec::new();
     let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
     for trial in 0..12 {
         let mut logits = rand_vec(&mut r, vocab as usize, 8.0);
@@ -1606,6 +1623,7 @@ fn select_matches_reference() {
         kern.select(&mut rec, &lb, &sb, &params, &ob).unwrap();
         rec.submit(None).unwrap();
         let words = g.read_u32(&ob, 0, 16).unwrap();
+        seen.extend_from_slice(&words);
         if out_off > 0 {
             assert!(words[..8].iter().all(|&w| w == NAN_BITS), "trial {trial}: words before out_off written");
         }
@@ -1625,6 +1643,7 @@ fn select_matches_reference() {
             assert!(ok, "trial {trial}: {name} gpu {a} ref {b}");
         }
     }
+    seen
 }
 
 /// A verify pass's selection: several rows, each under its own masks, in one pair of
@@ -1632,9 +1651,14 @@ fn select_matches_reference() {
 /// within the reference's tolerance), nothing written between or after the rows.
 #[test]
 fn select_rows_matches_select_row_by_row() {
-    let mut r = rng("select_rows");
+    select_both_ways("select_rows", select_rows_matches_select_row_by_row_with);
+}
+
+fn select_rows_matches_select_row_by_row_with(fused: bool, mut r: StdRng) -> Vec<u32> {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.select_fused = fused;
+    let mut seen: Vec<u32> = Vec::new();
     let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
     for rows in [2usize, 5, SELECT_ROWS] {
         let logits = rand_vec(&mut r, rows * vocab as usize, 8.0);
@@ -1666,12 +1690,14 @@ fn select_rows_matches_select_row_by_row() {
         kern.select_rows(&mut rec, &lb, &sb, &params, &ob).unwrap();
         rec.submit(None).unwrap();
         let words = g.read_u32(&ob, 0, 16 * rows + 8).unwrap();
+        seen.extend_from_slice(&words);
         for i in 0..rows {
             let one = poisoned(8);
             let mut rec = g.recorder();
             kern.select(&mut rec, &lb, &sb, &SelectParams { out_off: 0, ..params[i] }, &one).unwrap();
             rec.submit(None).unwrap();
             let alone = g.read_u32(&one, 0, 8).unwrap();
+            seen.extend_from_slice(&alone);
             assert_eq!(&words[16 * i..16 * i + 8], &alone[..], "{rows} rows: row {i} differs from the row alone");
             assert!(words[16 * i + 8..16 * i + 16].iter().all(|&w| w == NAN_BITS), "{rows} rows: wrote after row {i}");
             let row = &logits[i * vocab as usize..(i + 1) * vocab as usize];
@@ -1693,15 +1719,21 @@ fn select_rows_matches_select_row_by_row() {
     let state = SelectParams { flags: SELECT_FLAG_RULES_FROM_STATE, ..one };
     assert!(kern.select_rows(&mut rec, &lb, &sb, &[one, state], &ob).is_err());
     assert!(rec.is_empty(), "a refused selection recorded dispatches");
+    seen
 }
 
 /// The pick: the same scores as `select`, and the choice written as a token id
 /// (timestamp when its best logit beats the best text token's; eot when nothing is allowed).
 #[test]
 fn select_pick_writes_scores_and_the_choice() {
-    let mut r = rng("select_pick");
+    select_both_ways("select_pick", select_pick_writes_scores_and_the_choice_with);
+}
+
+fn select_pick_writes_scores_and_the_choice_with(fused: bool, mut r: StdRng) -> Vec<u32> {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.select_fused = fused;
+    let mut seen: Vec<u32> = Vec::new();
     let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
     for trial in 0..8 {
         let mut logits = rand_vec(&mut r, vocab as usize, 8.0);
@@ -1726,8 +1758,10 @@ fn select_pick_writes_scores_and_the_choice() {
         kern.select_pick(&mut rec, &lb, &sb, &params, &out, &ids).unwrap();
         rec.submit(None).unwrap();
         let got = g.read_u32(&ids, 0, 4).unwrap();
+        seen.extend_from_slice(&got);
         assert_eq!([got[0], got[1], got[3]], [NAN_BITS; 3], "trial {trial}: wrote beside tok_out");
         let words = g.read_u32(&out, 0, 16).unwrap();
+        seen.extend_from_slice(&words);
         assert!(words[..8].iter().all(|&w| w == NAN_BITS), "trial {trial}: scores before out_off");
         let s = ref_select::masked_scores(&logits, &suppress, &rules, ts_begin, eot);
         let sc = scores_from_words(&words[8..]);
@@ -1739,6 +1773,7 @@ fn select_pick_writes_scores_and_the_choice() {
         };
         assert_eq!(got[2], want, "trial {trial}");
     }
+    seen
 }
 
 /// A gated decode step (`Kernels::embed` + `Recorder::gate`): a pick of eot with
@@ -1818,10 +1853,15 @@ fn a_gate_too_small_for_its_dispatches_is_an_error() {
 /// reported, and the choice is pushed into the state as TsState::push does.
 #[test]
 fn select_pick_with_timestamp_state_matches_reference() {
+    select_both_ways("select_pick_state", select_pick_with_timestamp_state_matches_reference_with);
+}
+
+fn select_pick_with_timestamp_state_matches_reference_with(fused: bool, mut r: StdRng) -> Vec<u32> {
     use crate::decode::TsState;
-    let mut r = rng("select_pick_state");
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
+    let mut kern = Kernels::load(g).unwrap();
+    kern.select_fused = fused;
+    let mut seen: Vec<u32> = Vec::new();
     let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
     let base = StepRules { mask_text: true, mask_non_timestamps: true, ts_lo: 0, ts_hi: vocab, extra_suppress: [601, u32::MAX], probe: 9 };
     // After text, after a lone timestamp, after a closed pair, after one timestamp.
@@ -1857,6 +1897,7 @@ fn select_pick_with_timestamp_state_matches_reference() {
             let what = format!("state {trial} ({st:?}), boost {boost:?}");
             let step = st.step(base, ts_begin, vocab);
             let words = g.read_u32(&out, 0, 12).unwrap();
+            seen.extend_from_slice(&words);
             let used_bits = step.rules.mask_text as u32 | (step.check_ts_over_text as u32) << 1;
             assert_eq!([words[8], words[9]], [step.rules.ts_lo, used_bits], "{what}: the masks reported");
             assert_eq!([words[10], words[11]], [NAN_BITS; 2], "{what}: wrote past the masks");
@@ -1872,12 +1913,14 @@ fn select_pick_with_timestamp_state_matches_reference() {
                 eot
             };
             let got = g.read_u32(&ids, 0, 6).unwrap();
+            seen.extend_from_slice(&got);
             assert_eq!(got[1], want, "{what}: the choice");
             let next = st.push(want, ts_begin);
             assert_eq!(got[2..5], [next.last, next.penultimate, next.ts_lo_after_text], "{what}: the state after");
             assert_eq!([got[0], got[5]], [NAN_BITS; 2], "{what}: wrote beside");
         }
     }
+    seen
 }
 
 #[test]

@@ -1038,7 +1038,7 @@ impl GpuWhisper {
         let mut rec = g.recorder_cached(&mut self.dec_cache);
         rec.leave_out(self.leave_out);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
-        let select_slots = rec.last_param_slots(2);
+        let select_slots = rec.last_param_slots(self.kern.select_dispatches());
         Ok(PendingStep { pos0, enc: rec.encode()?, select_slots })
     }
 
@@ -1091,7 +1091,7 @@ impl GpuWhisper {
             "decode"
         });
         Self::record_forward(k, dims, layers, logits_w, b, rec, n, pos0, 0, per_row, None)?;
-        // A verify pass's rows in one pair of dispatches (one pair per row was ~14 dependent
+        // A verify pass's rows in one selection (one per row was ~14 dependent
         // dispatches more for 8 positions).
         rec.part("select");
         match sps {
