@@ -348,6 +348,20 @@ fn row_x(i: u32) -> f32 {
     return xn[i];
 }
 
+// main_sum_norm's last workgroup: element c of the finished row (its bits as loaded) into
+// `xn`, and its normalised value out (layernorm.wgsl's expression), where c < d.
+fn put_row(c: u32, d: u32, bits: u32) {
+    if (c < d) {
+        xn[c] = bitcast<f32>(bits);
+    }
+}
+
+fn put_norm(yb: u32, c: u32, d: u32, st: vec2<f32>, g: f32, b: f32) {
+    if (c < d) {
+        xn_out[yb + c] = (xn[c] - st.x) * st.y * g + b;
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main_sum_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wg.z;
@@ -368,15 +382,45 @@ fn main_sum_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         return;
     }
     storageBarrier();
-    for (var c = lid; c < d; c += WG) {
-        xn[c] = bitcast<f32>(atomicLoad(&fin[copy + c]));
-    }
+    // The row's elements lid + WG i (i < 5: MAXD = 5 WG) and their gamma and beta, every
+    // load issued before any is used (addresses clamped to the last element, the values of
+    // elements past d never stored): a loop of loads waits on a round trip to L2 per
+    // iteration, and gamma and beta would wait behind the statistics' trees.
+    let last = d - 1u;
+    let i0 = min(lid, last);
+    let i1 = min(lid + WG, last);
+    let i2 = min(lid + 2u * WG, last);
+    let i3 = min(lid + 3u * WG, last);
+    let i4 = min(lid + 4u * WG, last);
+    let e0 = atomicLoad(&fin[copy + i0]);
+    let e1 = atomicLoad(&fin[copy + i1]);
+    let e2 = atomicLoad(&fin[copy + i2]);
+    let e3 = atomicLoad(&fin[copy + i3]);
+    let e4 = atomicLoad(&fin[copy + i4]);
+    let fg0 = fin_gamma[i0];
+    let fg1 = fin_gamma[i1];
+    let fg2 = fin_gamma[i2];
+    let fg3 = fin_gamma[i3];
+    let fg4 = fin_gamma[i4];
+    let fb0 = fin_beta[i0];
+    let fb1 = fin_beta[i1];
+    let fb2 = fin_beta[i2];
+    let fb3 = fin_beta[i3];
+    let fb4 = fin_beta[i4];
+    // (Written out: a private array indexed in a loop can land in local memory.)
+    put_row(lid, d, e0);
+    put_row(lid + WG, d, e1);
+    put_row(lid + 2u * WG, d, e2);
+    put_row(lid + 3u * WG, d, e3);
+    put_row(lid + 4u * WG, d, e4);
     workgroupBarrier();
     let st = row_stats(0u, d, p.fin_eps, lid);
     let yb = row * d;
-    for (var c = lid; c < d; c += WG) {
-        xn_out[yb + c] = (xn[c] - st.x) * st.y * fin_gamma[c] + fin_beta[c];
-    }
+    put_norm(yb, lid, d, st, fg0, fb0);
+    put_norm(yb, lid + WG, d, st, fg1, fb1);
+    put_norm(yb, lid + 2u * WG, d, st, fg2, fb2);
+    put_norm(yb, lid + 3u * WG, d, st, fg3, fb3);
+    put_norm(yb, lid + 4u * WG, d, st, fg4, fb4);
     if (lid == 0u) {
         atomicStore(&fin[row], 0u);
     }

@@ -9,14 +9,25 @@
 const ROW_WG: u32 = 128u;
 var<workgroup> row_red: array<f32, ROW_WG>;
 
+// The binary tree's sums, two of its levels per barrier while they last: (r[l] + r[l + 2q])
+// + (r[l + q] + r[l + 3q]) is what levels 2q and q add, so the bits are the tree's with 4
+// barriers instead of 7 (gemv_common.wgsl's wg_sum does the same).
 fn reduce_sum(v: f32, lid: u32) -> f32 {
     if (lid < ROW_WG) {
         row_red[lid] = v;
     }
     workgroupBarrier();
-    for (var st = ROW_WG / 2u; st > 0u; st = st / 2u) {
-        if (lid < st) {
-            row_red[lid] += row_red[lid + st];
+    var st = ROW_WG / 2u;
+    for (; st >= 2u; st = st / 4u) {
+        let q = st / 2u;
+        if (lid < q) {
+            row_red[lid] = (row_red[lid] + row_red[lid + st]) + (row_red[lid + q] + row_red[lid + st + q]);
+        }
+        workgroupBarrier();
+    }
+    if (st == 1u) {
+        if (lid == 0u) {
+            row_red[0] += row_red[1];
         }
         workgroupBarrier();
     }

@@ -420,6 +420,8 @@ fn ffn_decode_matches_reference_and_lone_rows() {
     run_ffn_decode(&mut r, 1, 600, 520);
     // tiny.en's shape with a verify pass's 8 rows.
     run_ffn_decode(&mut r, 8, 384, 1536);
+    // Rows past 4 x 256 (the final norm's fifth element a thread), near large-v3's 1280.
+    run_ffn_decode(&mut r, 2, 1102, 74);
 }
 
 #[test]
