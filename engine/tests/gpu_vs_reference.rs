@@ -673,6 +673,78 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
     }
 }
 
+/// Chained verify passes (`verify_chain`: passes of 8 in one round trip, each after the
+/// first run only if every row of the one before picked the token fed after it, checked on
+/// the device): every position computed equals a single step bit for bit; a miss in pass c
+/// ends the chain after pass c (what comes back, and the KV length: single steps after a
+/// rollback are as if never drafted).
+#[test]
+fn chained_verify_passes_equal_single_steps_and_stop_at_a_miss() {
+    let tag = "verify-chain";
+    let s = seed(tag);
+    let mut rng = StdRng::seed_from_u64(s);
+    for geom in [GEOM_A, GEOM_B] {
+        let mut p = pair(geom, s, tag);
+        let mel = random_mel(&geom.dims, &mut rng);
+        let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
+        let g = &mut p.gpu;
+        // 20 positions (three passes: 8, 8, 4), or what a small context leaves (two).
+        let n = 20.min(geom.dims.text_ctx - prompt.len() - 1);
+        let step_at = |i: usize, prev: u32| Step { rules: rules_for(i, &geom, prev), check_ts_over_text: i % 3 == 1 };
+        // The greedy sequence: each token the host's pick of the position before.
+        g.begin_window(&mel).unwrap();
+        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+        let mut tokens = vec![random_tokens(1, geom.dims.vocab, &mut rng)[0]];
+        let mut steps = Vec::new();
+        let mut single = Vec::new();
+        let mut single_logits = Vec::new();
+        for i in 0..n {
+            let st = step_at(i, tokens[i]);
+            let sc = g.advance(&tokens[i..=i], &st.rules).unwrap();
+            tokens.push(host_pick(&sc, st.check_ts_over_text, geom.eot));
+            steps.push(st);
+            single.push(sc);
+            single_logits.push(g.last_logits().unwrap());
+        }
+        tokens.truncate(n);
+        assert!(g.max_chain() >= n, "a chain of {n} positions");
+        // A miss in the second pass (at 10: the third pass goes), at its first token (8: the
+        // first pass's last row fails its check), in the first pass (3), or none.
+        for miss in [None, Some(10), Some(8), Some(3)] {
+            let mut fed = tokens.clone();
+            if let Some(m) = miss {
+                fed[m] = (fed[m] + 1) % geom.dims.vocab as u32;
+            }
+            // Row m - 1 checks fed[m]: the chain ends after its pass, unless that is the last.
+            let back = match miss {
+                None => n,
+                Some(m) => (((m - 1) / 8 + 1) * 8).min(n),
+            };
+            g.begin_window(&mel).unwrap();
+            g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+            let v = g.verify_chain(&fed, &steps).unwrap();
+            assert_eq!(v.len(), back, "miss at {miss:?}: positions back");
+            // The passes after the failed check ran empty: the logits' first row is the last
+            // pass that ran's (a pass writes its rows' logits from row 0).
+            assert_eq!(g.last_logits().unwrap(), single_logits[(back - 1) / 8 * 8], "miss at {miss:?}: a pass past the miss ran");
+            let good = miss.unwrap_or(n);
+            for i in 0..good.min(back) {
+                assert_eq!(v[i], single[i], "miss at {miss:?}: position {i} differs from a single step");
+            }
+            // Keep the agreeing prefix, roll the rest back, go on one step at a time.
+            g.rollback(back - good.min(back)).unwrap();
+            for i in good.min(back)..n.min(good + 4) {
+                let sc = g.advance(&tokens[i..=i], &steps[i].rules).unwrap();
+                assert_eq!(sc, single[i], "miss at {miss:?}: single step {i} after the chain");
+            }
+        }
+        // Bad calls are errors, not panics.
+        assert!(g.verify_chain(&tokens, &steps[..3]).is_err());
+        assert!(g.verify_chain(&vec![tokens[0]; g.max_chain() + 1], &vec![steps[0]; g.max_chain() + 1]).is_err());
+        eprintln!("[{tag}] head_dim {}: chained passes = single steps bit for bit; each miss ends the chain", geom.dims.head_dim());
+    }
+}
+
 /// The host's greedy pick (decode::whisper::pick) from a step's scores.
 fn host_pick(sc: &StepScores, check_ts_over_text: bool, eot: u32) -> u32 {
     let ts_ok = sc.ts_best != u32::MAX;
