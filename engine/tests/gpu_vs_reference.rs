@@ -689,7 +689,7 @@ fn chained_verify_passes_equal_single_steps_and_stop_at_a_miss() {
         let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
         let g = &mut p.gpu;
         // 20 positions (three passes: 8, 8, 4), or what a small context leaves (two).
-        let n = 20.min(geom.dims.text_ctx - prompt.len() - 1);
+        let n = 20.min(geom.dims.text_ctx - prompt.len() - 2);
         let step_at = |i: usize, prev: u32| Step { rules: rules_for(i, &geom, prev), check_ts_over_text: i % 3 == 1 };
         // The greedy sequence: each token the host's pick of the position before.
         g.begin_window(&mel).unwrap();
@@ -698,7 +698,7 @@ fn chained_verify_passes_equal_single_steps_and_stop_at_a_miss() {
         let mut steps = Vec::new();
         let mut single = Vec::new();
         let mut single_logits = Vec::new();
-        for i in 0..n {
+        for i in 0..=n {
             let st = step_at(i, tokens[i]);
             let sc = g.advance(&tokens[i..=i], &st.rules).unwrap();
             tokens.push(host_pick(&sc, st.check_ts_over_text, geom.eot));
@@ -706,12 +706,13 @@ fn chained_verify_passes_equal_single_steps_and_stop_at_a_miss() {
             single.push(sc);
             single_logits.push(g.last_logits().unwrap());
         }
-        tokens.truncate(n);
+        tokens.truncate(n + 1);
+        steps.truncate(n);
         assert!(g.max_chain() >= n, "a chain of {n} positions");
         // A miss in the second pass (at 10: the third pass goes), at its first token (8: the
         // first pass's last row fails its check), in the first pass (3), or none.
         for miss in [None, Some(10), Some(8), Some(3)] {
-            let mut fed = tokens.clone();
+            let mut fed = tokens[..n].to_vec();
             if let Some(m) = miss {
                 fed[m] = (fed[m] + 1) % geom.dims.vocab as u32;
             }
@@ -731,11 +732,14 @@ fn chained_verify_passes_equal_single_steps_and_stop_at_a_miss() {
             for i in 0..good.min(back) {
                 assert_eq!(v[i], single[i], "miss at {miss:?}: position {i} differs from a single step");
             }
-            // Keep the agreeing prefix, roll the rest back, go on one step at a time.
+            // Keep the agreeing prefix, roll the rest back, go on one step at a time (after
+            // a chain that held, the step the model encoded while the chain ran).
             g.rollback(back - good.min(back)).unwrap();
-            for i in good.min(back)..n.min(good + 4) {
-                let sc = g.advance(&tokens[i..=i], &steps[i].rules).unwrap();
+            for i in good.min(back)..(n + 1).min(good + 4) {
+                let rules = if i < n { steps[i].rules } else { step_at(n, tokens[n]).rules };
+                let sc = g.advance(&tokens[i..=i], &rules).unwrap();
                 assert_eq!(sc, single[i], "miss at {miss:?}: single step {i} after the chain");
+                assert_eq!(g.last_logits().unwrap(), single_logits[i], "miss at {miss:?}: logits of step {i} after the chain");
             }
         }
         // Bad calls are errors, not panics.
