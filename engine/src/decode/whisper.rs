@@ -148,9 +148,10 @@ pub struct DecodeStats {
 /// What speculative decoding did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpecStats {
-    /// Verify passes (each checks a draft and yields the model's next token too).
+    /// Verify passes (each checks a draft and yields the model's next token too); chained
+    /// passes (`LogitSource::verify_chain`, one round trip) count as one.
     pub passes: usize,
-    /// Draft tokens checked, and those kept.
+    /// Draft tokens checked (a chain's passes that ran empty check none), and those kept.
     pub drafted: usize,
     pub accepted: usize,
     /// Positions decoded one at a time while drafting because no draft was proposed.
