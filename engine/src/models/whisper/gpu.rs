@@ -875,15 +875,22 @@ impl GpuWhisper {
         }
         let t_submitted = std::time::Instant::now();
         self.encode_step_ahead(pos0 + n, &sp)?;
-        let t_wait = std::time::Instant::now();
-        g.map_and_wait(&self.readback)?;
         // (The encoding of the next step, between the two, overlaps the GPU's work.)
-        self.host_times.0 += (t_submitted - t_record).as_secs_f64();
-        self.host_times.1 += t_wait.elapsed().as_secs_f64();
-        self.host_times.2 += 1;
+        self.wait_readback(t_record, t_submitted, 1)?;
         let words = self.read_scores(1)?;
         self.kv_len += n;
         Ok(scores_from_words(&words))
+    }
+
+    /// Wait until the readback is mapped; the host's time recording (`t_record` to
+    /// `t_submitted`) and waiting (from now) go into `host_times`, for `calls` of them.
+    fn wait_readback(&mut self, t_record: std::time::Instant, t_submitted: std::time::Instant, calls: usize) -> Result<()> {
+        let t_wait = std::time::Instant::now();
+        self.gpu.map_and_wait(&self.readback)?;
+        self.host_times.0 += (t_submitted - t_record).as_secs_f64();
+        self.host_times.1 += t_wait.elapsed().as_secs_f64();
+        self.host_times.2 += calls as u64;
+        Ok(())
     }
 
     /// The first `rows` x 8 words of the mapped readback, then unmapped.
@@ -917,11 +924,7 @@ impl GpuWhisper {
         // and nothing is drafted next (the end of a live hint: the new audio's first token).
         // A rollback drops it; the step then records anew as before.
         self.encode_step_ahead(pos0 + n, &select_params(&rules[n - 1], vocab, self.ts_begin, self.eot, 0))?;
-        let t_wait = std::time::Instant::now();
-        g.map_and_wait(&self.readback)?;
-        self.host_times.0 += (t_submitted - t_record).as_secs_f64();
-        self.host_times.1 += t_wait.elapsed().as_secs_f64();
-        self.host_times.2 += 1;
+        self.wait_readback(t_record, t_submitted, 1)?;
         let words = self.read_scores(n)?;
         self.kv_len += n;
         Ok(words.chunks(8).map(scores_from_words).collect())
@@ -988,11 +991,7 @@ impl GpuWhisper {
         // While the GPU runs the passes: the single step after them, as `verify_positions`
         // does (a chain cut short leaves it for another position: it is dropped then).
         self.encode_step_ahead(pos0 + n, &select_params(&steps[n - 1].rules, vocab, self.ts_begin, self.eot, 0))?;
-        let t_wait = std::time::Instant::now();
-        g.map_and_wait(&self.readback)?;
-        self.host_times.0 += (t_submitted - t_record).as_secs_f64();
-        self.host_times.1 += t_wait.elapsed().as_secs_f64();
-        self.host_times.2 += 1;
+        self.wait_readback(t_record, t_submitted, 1)?;
         let mut parts = read_mapped(&self.readback, &[0..n * 32, done_at as usize..done_at as usize + 4])?;
         let done = parts.pop().unwrap_or_default().first().copied().unwrap_or(0) as usize;
         let words = parts.pop().unwrap_or_default();
@@ -1088,11 +1087,7 @@ impl GpuWhisper {
             rec.submit(Some(&mut self.profile))?;
             i = end;
         }
-        let t_wait = std::time::Instant::now();
-        g.map_and_wait(&self.readback)?;
-        self.host_times.0 += (t_wait - t_record).as_secs_f64();
-        self.host_times.1 += t_wait.elapsed().as_secs_f64();
-        self.host_times.2 += k as u64;
+        self.wait_readback(t_record, std::time::Instant::now(), k)?;
         let (picks_at, rules_at) = (32 * SCORE_ROWS, 36 * SCORE_ROWS);
         let rules_len = if ts.is_some() { 8 * k } else { 0 };
         let mut parts = read_mapped(&self.readback, &[0..k * 32, picks_at..picks_at + 4 * k, rules_at..rules_at + rules_len])?;
