@@ -567,7 +567,7 @@ pub fn decode_window_of(
             continue;
         }
         // Never more positions than plain decoding would use (the last fed position is
-        // the one before max_len), nor more than one pass takes.
+        // the one before max_len), nor more than chained passes take.
         let room = (max_chain.saturating_sub(1)).min(max_len - 1 - tokens.len());
         let draft = if room == 0 {
             Vec::new()

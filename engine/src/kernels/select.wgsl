@@ -29,7 +29,8 @@
 // a batch (embed.wgsl zeroes their grids). Flag 64 (the rows entries: a verify pass chained
 // to the next one in the same submission): each row also makes main_pick's choice and,
 // where it is not the token fed after the row (ids[tok_out]), writes `mark` at
-// ids[done_off], which gates off the chained passes after this one. `out_off` places a row's 8 words in `out`. A verify pass selects all of its rows with one
+// ids[done_off], which gates off the chained passes after this one.
+// `out_off` places a row's 8 words in `out`. A verify pass selects all of its rows with one
 // pair of dispatches (`main_partial_rows` on a grid of 64 x rows, `main_rows` on one
 // workgroup per row), each row under its own parameters: the uniform block is an array of
 // SELECT_ROWS parameter sets (the single-row entries read set 0), and each row's partials
