@@ -15,9 +15,7 @@
 //!   dispatches of one pass summed to 0.54, worse), GB/s and % of a copy ceiling measured in
 //!   the same run (a vec4 copy kernel over two large buffers);
 //! - verify passes of 1..8 positions (speculative decoding's check of k = 0..7 drafts), ms
-//!   per pass, each followed by a rollback of all of them (the state is reused); chained
-//!   passes (`verify_chain`) over a draft that holds and over one that misses in the first
-//!   pass (the later passes gated off);
+//!   per pass, each followed by a rollback of all of them (the state is reused);
 //! - with `--file`, end-to-end time and real-time factor of transcribing it, and a live
 //!   replay: the file's prefixes every 0.5 s re-decoded as live mode does, without drafts
 //!   and with the previous hypothesis as the draft (`--speculative ngram`): decode ms per
@@ -44,7 +42,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::ValueEnum;
-use engine::decode::{LogitSource, Step, StepRules};
+use engine::decode::{LogitSource, StepRules};
 use engine::gpu::warm_up::warm_up;
 use engine::gpu::{Access, Cost, Gpu, GpuOptions, Profile};
 use engine::models::whisper::checkpoint::{write_synthetic, Checkpoint};
@@ -439,57 +437,6 @@ fn bench(args: &Args) -> Result<(), String> {
         model.early_submit = early;
     }
 
-    // Chained verify passes (`verify_chain`, live mode's long hints): a draft that holds
-    // through every pass (the model's own picks, from greedy_steps, whose scores the chain
-    // must reproduce bit for bit) and one that misses in the first pass, whose later passes
-    // run gated off: what a chain costs where the draft fails early.
-    let mut chain_ms = Vec::new();
-    let (mv, mc) = (model.max_verify(), model.max_chain());
-    if mc > mv && mv > 0 && 4 + mc < dims.text_ctx {
-        let step = Step { rules, check_ts_over_text: false };
-        model.begin_window(&mel).map_err(err)?;
-        model.advance(&prompt4, &rules).map_err(err)?;
-        let first = text_token(4);
-        let (mut fed, mut scores) = (vec![first], Vec::new());
-        while fed.len() < mc + 1 {
-            let k = (mc + 1 - fed.len()).min(model.max_steps());
-            let out = model.greedy_steps(*fed.last().unwrap_or(&first), k, &step, None).map_err(err)?;
-            scores.extend(out.scores);
-            fed.extend(out.picks);
-        }
-        fed.truncate(mc);
-        let steps = vec![step; mc];
-        for (what, n, miss) in [("held", 2 * mv, None), ("held", mc, None), ("missed at its 4th token", mc, Some(3))] {
-            let mut f = fed[..n].to_vec();
-            if let Some(m) = miss {
-                f[m] = (f[m] + 1) % dims.vocab as u32;
-            }
-            let want = if miss.is_some() { mv } else { n };
-            let mut v = Vec::new();
-            for b in 0..=batches {
-                model.begin_window(&mel).map_err(err)?;
-                model.advance(&prompt4, &rules).map_err(err)?;
-                let reps = 16;
-                let t = Instant::now();
-                for _ in 0..reps {
-                    let got = model.verify_chain(&f, &steps[..n]).map_err(err)?;
-                    let good = miss.unwrap_or(n);
-                    if got.len() != want || got[..good.min(want)] != scores[..good.min(want)] {
-                        return Err(format!(
-                            "a chain of {n} positions ({what}) returned {} positions (want {want}) or scores other than single steps'",
-                            got.len()
-                        ));
-                    }
-                    model.rollback(got.len()).map_err(err)?;
-                }
-                if b > 0 {
-                    v.push(t.elapsed().as_secs_f64() * 1e3 / reps as f64);
-                }
-            }
-            chain_ms.push((what, n, want, stat(&v)));
-        }
-    }
-
     // Draft models: one `draft` call of k tokens is one submission of k decoder steps of
     // the cut, quantized copy (the last context token recomputed each call here).
     let mut draft_ms = Vec::new();
@@ -628,15 +575,6 @@ fn bench(args: &Args) -> Result<(), String> {
             v.min,
             v.spread,
             v.min / d.min
-        );
-    }
-    let verify_full = verify_ms.iter().find(|(n, early, ..)| *n == mv && !early.is_empty()).map_or(0.0, |r| r.2.min);
-    for (what, n, computed, v) in &chain_ms {
-        println!(
-            "| verify chain of {n} positions in passes of {mv}, draft {what}, ms | {:.4} | {:.2} | {computed} positions computed; {:.2}x a verify pass of {mv}; + rollback |",
-            v.min,
-            v.spread,
-            v.min / verify_full
         );
     }
     for (format, layers, row) in &draft_ms {

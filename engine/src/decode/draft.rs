@@ -20,10 +20,8 @@
 //!
 //! The n-gram draft's length adapts: doubled after a fully accepted draft, halved after a
 //! draft rejected at its first token. The hint, while the window follows it, is drafted as
-//! far as the decoding loop's limit (chained verify passes, `LogitSource::verify_chain`: up
-//! to 24 positions in one round trip, each pass after the first run only if the one before
-//! held): it is the same audio's transcript of half a second before and mostly holds, and a
-//! pass of 8 positions costs ~1.5x one of 4 (bench/RESULTS.md).
+//! far as a verify pass takes: it is the same audio's transcript of half a second before and
+//! mostly holds, and a pass of 8 positions costs ~1.5x one of 4 (bench/RESULTS.md).
 
 use std::str::FromStr;
 

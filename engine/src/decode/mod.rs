@@ -157,25 +157,6 @@ pub trait LogitSource {
         let _ = (tokens, rules);
         Err(crate::Error::Unsupported("this logit source has no verify pass".into()))
     }
-    /// Most positions one [`LogitSource::verify_chain`] takes (the default: one verify pass).
-    fn max_chain(&self) -> usize {
-        self.max_verify()
-    }
-    /// Verify passes of up to `max_verify` positions each over `tokens`, chained in one
-    /// round trip: pass c + 1 runs only where every position of pass c picks (as the host
-    /// would under `steps[i]`, "timestamps beat text" included) the token fed after it, a
-    /// check made on the device. A long draft that holds (live mode's previous hypothesis)
-    /// then costs one round trip instead of one a pass. Returns the scores of the
-    /// positions computed, each bit for bit what `verify` gives it: every pass up to the
-    /// first whose check failed, at least the first; the positions not computed are not in
-    /// the state.
-    fn verify_chain(&mut self, tokens: &[u32], steps: &[Step]) -> Result<Vec<StepScores>> {
-        if tokens.len() > self.max_verify() {
-            return Err(crate::Error::Unsupported("this logit source chains no verify passes".into()));
-        }
-        let rules: Vec<StepRules> = steps.iter().map(|s| s.rules).collect();
-        self.verify(tokens, &rules)
-    }
     /// Most decode steps [`LogitSource::greedy_steps`] takes with one readback; 0 when the
     /// source has no such path (the decoding loop then steps one position at a time).
     fn max_steps(&self) -> usize {

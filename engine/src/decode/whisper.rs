@@ -148,10 +148,9 @@ pub struct DecodeStats {
 /// What speculative decoding did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpecStats {
-    /// Verify passes (each checks a draft and yields the model's next token too); chained
-    /// passes (`LogitSource::verify_chain`, one round trip) count as one.
+    /// Verify passes (each checks a draft and yields the model's next token too).
     pub passes: usize,
-    /// Draft tokens checked (a chain's passes that ran empty check none), and those kept.
+    /// Draft tokens checked, and those kept.
     pub drafted: usize,
     pub accepted: usize,
     /// Positions decoded one at a time while drafting because no draft was proposed.
@@ -335,7 +334,7 @@ fn log_add_exp(a: f64, b: f64) -> f64 {
 
 /// Greedy choice from a step's scores: the token and its log-probability under the
 /// distribution it was chosen from (all masks applied, renormalised).
-pub(crate) fn pick(scores: &StepScores, check_ts_over_text: bool, vocab: u32) -> Result<(u32, f64)> {
+fn pick(scores: &StepScores, check_ts_over_text: bool, vocab: u32) -> Result<(u32, f64)> {
     let (text_max, ts_max) = (f64::from(scores.text_max), f64::from(scores.ts_max));
     let (text_lse, ts_lse) = (f64::from(scores.text_lse), f64::from(scores.ts_lse));
     // ApplyTimestampRules: if the summed probability of the timestamps beats every single
@@ -474,10 +473,6 @@ pub fn decode_window_of(
     let mut steps = 0;
     // Speculative decoding: drafts only where the source can verify them.
     let max_verify = if opts.speculative == Speculative::Off { 0 } else { src.max_verify() };
-    // Drafts past one pass go to chained passes (`verify_chain`): in practice the hint, which
-    // is drafted as far as the passes take (the n-gram and draft-model lengths stay within a
-    // pass: `Drafter::record` caps them).
-    let max_chain = if max_verify == 0 { 0 } else { src.max_chain().max(max_verify) };
     let mut drafter = Drafter::new(&opts.draft_hint, sp.eot, if timestamps { sp.timestamp_begin } else { u32::MAX });
     let mut spec = SpecStats::default();
     // Positions a verify pass computed past the last chosen token: (the draft token fed
@@ -567,8 +562,8 @@ pub fn decode_window_of(
             continue;
         }
         // Never more positions than plain decoding would use (the last fed position is
-        // the one before max_len), nor more than chained passes take.
-        let room = (max_chain.saturating_sub(1)).min(max_len - 1 - tokens.len());
+        // the one before max_len), nor more than one pass takes.
+        let room = (max_verify.saturating_sub(1)).min(max_len - 1 - tokens.len());
         let draft = if room == 0 {
             Vec::new()
         } else if opts.speculative.draft_format().is_some() {
@@ -597,22 +592,15 @@ pub fn decode_window_of(
             hyp.push(d);
             step_at.push(rules.step(&hyp));
         }
-        let out = if fed.len() > max_verify {
-            src.verify_chain(&fed, &step_at)?
-        } else {
-            let rules_at: Vec<StepRules> = step_at.iter().map(|s| s.rules).collect();
-            src.verify(&fed, &rules_at)?
-        };
+        let rules_at: Vec<StepRules> = step_at.iter().map(|s| s.rules).collect();
+        let out = src.verify(&fed, &rules_at)?;
         batched = false;
-        // Chained passes may stop early (a pass whose check failed ends the chain), never
-        // within the first pass.
-        if out.len() > fed.len() || out.len() < fed.len().min(max_verify) {
-            return Err(Error::Invalid(format!("a verify of {} positions returned {}", fed.len(), out.len())));
+        if out.len() != fed.len() {
+            return Err(Error::Invalid(format!("a verify pass of {} positions returned {}", fed.len(), out.len())));
         }
-        let verified = out.len() - 1;
         spec.passes += 1;
-        spec.drafted += verified;
-        pass_drafted = verified;
+        spec.drafted += draft.len();
+        pass_drafted = draft.len();
         pass_accepted = 0;
         scores = out[0];
         ahead = draft.iter().zip(&out[1..]).zip(&step_at[1..]).map(|((&d, &s), &st)| (d, s, st)).collect();
@@ -905,11 +893,6 @@ mod tests {
         verify_max: usize,
         /// Verify passes and positions rolled back.
         verifies: usize,
-        /// Positions of chained verify passes (`verify_chain`; 0: none past one pass), and a
-        /// device check to answer wrongly (the n-th, counting from 0): a chain cut short
-        /// or run past a miss must still give greedy's output.
-        chain_max: usize,
-        flip_check_at: Option<usize>,
         rolled_back: usize,
         /// Steps a `greedy_steps` call takes (0: none), and the calls made.
         steps_max: usize,
@@ -930,8 +913,6 @@ mod tests {
                 calls: Vec::new(),
                 verify_max: 0,
                 verifies: 0,
-                chain_max: 0,
-                flip_check_at: None,
                 rolled_back: 0,
                 steps_max: 0,
                 step_batches: 0,
@@ -1027,40 +1008,6 @@ mod tests {
             assert!(!tokens.is_empty() && tokens.len() <= self.verify_max && tokens.len() == rules.len());
             self.verifies += 1;
             tokens.iter().zip(rules).map(|(&t, r)| self.advance(&[t], r)).collect()
-        }
-
-        fn max_chain(&self) -> usize {
-            self.chain_max.max(self.verify_max)
-        }
-
-        fn verify_chain(&mut self, tokens: &[u32], steps: &[Step]) -> Result<Vec<StepScores>> {
-            assert!(!tokens.is_empty() && tokens.len() <= self.max_chain() && tokens.len() == steps.len());
-            assert!(tokens.len() > self.verify_max, "one pass goes to verify");
-            self.verifies += 1;
-            let vocab = sp().vocab;
-            let mut out = Vec::new();
-            for start in (0..tokens.len()).step_by(self.verify_max) {
-                let end = (start + self.verify_max).min(tokens.len());
-                for i in start..end {
-                    out.push(self.advance(&[tokens[i]], &steps[i].rules)?);
-                }
-                if end == tokens.len() {
-                    break;
-                }
-                // The device's check (select.wgsl flag 64): every row's pick is the token
-                // fed after it, else the later passes do not run.
-                let mut holds = (start..end).all(|i| pick(&out[i], steps[i].check_ts_over_text, vocab).map_or(sp().eot, |p| p.0) == tokens[i + 1]);
-                if let Some(n) = self.flip_check_at.as_mut() {
-                    if *n == 0 {
-                        holds = !holds;
-                    }
-                    *n = n.wrapping_sub(1);
-                }
-                if !holds {
-                    break;
-                }
-            }
-            Ok(out)
         }
 
         fn max_steps(&self) -> usize {
@@ -1183,14 +1130,12 @@ mod tests {
             half.truncate(plain.tokens.len() / 2);
             half.extend([W[0], W[1], W[0], W[1]]);
             for (name, hint) in [("none", vec![]), ("exact", plain.tokens.clone()), ("half", half), ("wrong", vec![W[3]; 40])] {
-                for (verify_max, chain_max, flip) in [(2, 0, None), (5, 0, None), (8, 0, None), (2, 7, None), (5, 12, None), (8, 24, None), (3, 9, Some(0)), (4, 16, Some(2))] {
+                for verify_max in [2, 5, 8] {
                     let mut src = mock_with_suppress(repetitive);
                     src.verify_max = verify_max;
-                    src.chain_max = chain_max;
-                    src.flip_check_at = flip;
                     let o = DecodeOptions { speculative: Speculative::Ngram, draft_hint: hint.clone(), ..plain_opts.clone() };
                     let r = decode_window(&mut src, &prompt, &sp(), BLANK, &o).unwrap();
-                    let what = format!("timestamps {timestamps}, hint {name}, verify {verify_max}, chain {chain_max}, check flipped {flip:?}");
+                    let what = format!("timestamps {timestamps}, hint {name}, verify {verify_max}");
                     assert_eq!(r.tokens, plain.tokens, "{what}");
                     assert_eq!(r.sum_logprob.to_bits(), plain.sum_logprob.to_bits(), "{what}");
                     assert_eq!(r.no_speech_prob.to_bits(), plain.no_speech_prob.to_bits(), "{what}");
@@ -1204,14 +1149,10 @@ mod tests {
                     // position, or a kept draft) or a position decoded alone.
                     assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone, "{what}: {:?}", r.spec);
                     assert!(r.spec.accepted <= r.spec.drafted);
-                    if name == "exact" && flip.is_none() {
+                    if name == "exact" {
                         // The whole window in a few passes, nothing rolled back (only a draft
                         // past the hint's end, met by eot, goes unused).
                         assert_eq!(src.rolled_back, 0, "{what}");
-                        if chain_max > verify_max {
-                            // Chained: fewer round trips than passes of verify_max.
-                            assert!(r.spec.tokens_per_pass() > verify_max as f64, "{what}: {:?}", r.spec);
-                        }
                         assert!(r.spec.tokens_per_pass() >= 0.9 * (verify_max as f64).min(4.0), "{what}: {:?}", r.spec);
                     }
                 }

@@ -722,12 +722,9 @@ pub(crate) struct SelectParams {
     /// Flag 8: word offset in `out` of the masks the pick used (ts_lo, then bit 0 text
     /// masked | bit 1 "timestamps beat text" checked).
     pub rules_off: u32,
-    /// Flag 32 (`main_pick`): word offset in `ids` of the done flag, set when it picks eot;
-    /// flag 64 (the rows entries): where `mark` goes when the row's pick is not ids[tok_out].
+    /// Flag 32 (`main_pick`): word offset in `ids` of the done flag, set when it picks eot.
     pub done_off: u32,
-    /// Flag 64: the value written at `ids[done_off]` (non-zero: which chunk of a chained
-    /// verify failed its check).
-    pub mark: u32,
+    pub _pad: u32,
 }
 
 /// select.wgsl flags past the masks (1 text, 2 non-timestamps): the pick checks
@@ -739,10 +736,6 @@ pub(crate) const SELECT_FLAG_TRACK_STATE: u32 = 16;
 /// `main_pick` sets `ids[done_off]` when it picks eot (the steps after it are gated off:
 /// see `Kernels::embed`).
 pub(crate) const SELECT_FLAG_MARK_DONE: u32 = 32;
-/// The rows entries (a chained verify pass): each row also makes the pick and, where it is
-/// not the token fed after the row (`ids[tok_out]`), writes `mark` at `ids[done_off]`,
-/// which gates off the chunks after this one (`Kernels::embed`).
-pub(crate) const SELECT_FLAG_CHECK_NEXT: u32 = 64;
 
 /// Multi-head attention geometry and where Q, K, V and the output live.
 #[derive(Clone, Copy)]
@@ -2247,28 +2240,12 @@ impl Kernels {
 
     /// [`Kernels::select`] of up to [`SELECT_ROWS`] rows in one dispatch (one pair unfused), row `i`
     /// under `params[i]` (its own logit_off, out_off and masks): a verify pass's
-    /// selections, each row's scores bit for bit what `select` gives it alone. Rows with
-    /// [`SELECT_FLAG_CHECK_NEXT`] also compare their pick with `ids[tok_out]` (`ids`
-    /// must be given then: the fed tokens).
-    pub(crate) fn select_rows(
-        &self,
-        rec: &mut Recorder,
-        logits: &Buffer,
-        suppress: &Buffer,
-        params: &[SelectParams],
-        out: &Buffer,
-        ids: Option<&Buffer>,
-    ) -> Result<()> {
+    /// selections, each row's scores bit for bit what `select` gives it alone.
+    pub(crate) fn select_rows(&self, rec: &mut Recorder, logits: &Buffer, suppress: &Buffer, params: &[SelectParams], out: &Buffer) -> Result<()> {
         let block = select_block(params)?;
-        if params.iter().any(|p| p.flags & (SELECT_FLAG_RULES_FROM_STATE | SELECT_FLAG_TRACK_STATE | SELECT_FLAG_MARK_DONE) != 0) {
-            return Err(Error::Invalid("select_rows: the timestamp state and the eot flag are for single-row picks".into()));
+        if params.iter().any(|p| p.flags & (SELECT_FLAG_RULES_FROM_STATE | SELECT_FLAG_TRACK_STATE) != 0) {
+            return Err(Error::Invalid("select_rows: the timestamp state is for single-row picks".into()));
         }
-        let checks = params.iter().any(|p| p.flags & SELECT_FLAG_CHECK_NEXT != 0);
-        let ids = match (checks, ids) {
-            (true, None) => return Err(Error::Invalid("select_rows: a row checks the next token, and no tokens are bound".into())),
-            (true, Some(b)) => b,
-            (false, _) => &self.zero,
-        };
         let rows = params.len() as u64;
         let vocab: u64 = params.iter().map(|p| p.vocab as u64).sum();
         let cost = Cost { bytes: vocab * 4 + vocab / 8, flops: vocab * 4 };
@@ -2277,13 +2254,13 @@ impl Kernels {
         let merge = Cost { bytes: rows * (SELECT_GROUPS * 9 * 4 + 32), flops: rows * SELECT_GROUPS * 9 };
         if self.select_fused {
             let both = Cost { bytes: cost.bytes + merge.bytes, flops: cost.flops + merge.flops };
-            let bufs = [logits, suppress, out, ids, &self.select_partials];
+            let bufs = [logits, suppress, out, &self.zero, &self.select_partials];
             return rec.dispatch(&self.select_rows_fused, p, &bufs, [SELECT_GROUPS as u32, rows as u32, 1], both);
         }
         let none = &self.select_no_atomics;
         let bufs = [logits, suppress, &self.select_partials, &self.zero, none];
         rec.dispatch(&self.select_partial_rows, p, &bufs, [SELECT_GROUPS as u32, rows as u32, 1], cost)?;
-        rec.dispatch(&self.select_rows, p, &[&self.select_partials, suppress, out, ids, none], [rows as u32, 1, 1], merge)
+        rec.dispatch(&self.select_rows, p, &[&self.select_partials, suppress, out, &self.zero, none], [rows as u32, 1, 1], merge)
     }
 }
 
@@ -2367,7 +2344,7 @@ pub(crate) fn select_params(
         state_off: 0,
         rules_off: 0,
         done_off: 0,
-        mark: 0,
+        _pad: 0,
     }
 }
 

@@ -26,11 +26,7 @@
 // choice into the state (TsState::push). Flag 4: apply "timestamps beat text" (the
 // timestamps' log-sum-exp above the best text logit picks the best timestamp).
 // Flag 32 (main_pick): picking eot sets ids[done_off], which gates off the later steps of
-// a batch (embed.wgsl zeroes their grids). Flag 64 (the rows entries: a verify pass chained
-// to the next one in the same submission): each row also makes main_pick's choice and,
-// where it is not the token fed after the row (ids[tok_out]), writes `mark` at
-// ids[done_off], which gates off the chained passes after this one.
-// `out_off` places a row's 8 words in `out`. A verify pass selects all of its rows with one
+// a batch (embed.wgsl zeroes their grids). `out_off` places a row's 8 words in `out`. A verify pass selects all of its rows with one
 // pair of dispatches (`main_partial_rows` on a grid of 64 x rows, `main_rows` on one
 // workgroup per row), each row under its own parameters: the uniform block is an array of
 // SELECT_ROWS parameter sets (the single-row entries read set 0), and each row's partials
@@ -49,7 +45,7 @@ struct Params {
     vocab: u32, ts_begin: u32, eot: u32, flags: u32,
     ts_lo: u32, ts_hi: u32, extra0: u32, extra1: u32,
     probe: u32, logit_off: u32, out_off: u32, tok_out: u32,
-    state_off: u32, rules_off: u32, done_off: u32, mark: u32,
+    state_off: u32, rules_off: u32, done_off: u32, _p1: u32,
 }
 
 const SELECT_ROWS: u32 = 8u;
@@ -315,14 +311,6 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     merge_partials(lid, base, false);
     if (lid == 0u) {
         write_scores(base, false);
-        check_next();
-    }
-}
-
-// Flag 64, thread 0 after write_scores: the row's pick against the token fed after it.
-fn check_next() {
-    if ((p.flags & 64u) != 0u && choice(masks()) != ids[p.tok_out]) {
-        ids[p.done_off] = p.mark;
     }
 }
 
@@ -338,7 +326,6 @@ fn main_rows_fused(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     merge_partials(lid, base, true);
     if (lid == 0u) {
         write_scores(base, true);
-        check_next();
     }
 }
 
@@ -375,27 +362,6 @@ fn main_pick_fused(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
 fn pick(fused: bool) {
     let mk = masks();
     write_scores(0u, fused);
-    let id = choice(mk);
-    ids[p.tok_out] = id;
-    if ((p.flags & 32u) != 0u && id == p.eot) {
-        ids[p.done_off] = 1u; // the later steps of a gated batch run empty (embed.wgsl)
-    }
-    if ((p.flags & 8u) != 0u) {
-        out[p.rules_off] = mk.ts_lo;
-        out[p.rules_off + 1u] = u32(mk.text) | (u32(mk.check) << 1u);
-    }
-    if ((p.flags & 16u) != 0u) {
-        ids[p.state_off + 1u] = ids[p.state_off];
-        ids[p.state_off] = id;
-        if (id >= p.ts_begin) {
-            ids[p.state_off + 2u] = id + 1u;
-        }
-    }
-}
-
-// The host's pick from the merged slots and the scores written at out_off (thread 0,
-// after write_scores).
-fn choice(mk: Masks) -> u32 {
     let text_ok = rs[0] != 0.0;
     let ts_ok = rs[WG] != 0.0;
     var id = p.eot;
@@ -411,5 +377,19 @@ fn choice(mk: Masks) -> u32 {
             id = ra[WG];
         }
     }
-    return id;
+    ids[p.tok_out] = id;
+    if ((p.flags & 32u) != 0u && id == p.eot) {
+        ids[p.done_off] = 1u; // the later steps of a gated batch run empty (embed.wgsl)
+    }
+    if ((p.flags & 8u) != 0u) {
+        out[p.rules_off] = mk.ts_lo;
+        out[p.rules_off + 1u] = u32(mk.text) | (u32(mk.check) << 1u);
+    }
+    if ((p.flags & 16u) != 0u) {
+        ids[p.state_off + 1u] = ids[p.state_off];
+        ids[p.state_off] = id;
+        if (id >= p.ts_begin) {
+            ids[p.state_off + 2u] = id + 1u;
+        }
+    }
 }

@@ -1689,7 +1689,7 @@ fn select_rows_matches_select_row_by_row_with(fused: bool, mut r: StdRng) -> Vec
             .collect();
         let ob = poisoned(16 * rows + 8);
         let mut rec = g.recorder();
-        kern.select_rows(&mut rec, &lb, &sb, &params, &ob, None).unwrap();
+        kern.select_rows(&mut rec, &lb, &sb, &params, &ob).unwrap();
         rec.submit(None).unwrap();
         let words = g.read_u32(&ob, 0, 16 * rows + 8).unwrap();
         seen.extend_from_slice(&words);
@@ -1716,98 +1716,10 @@ fn select_rows_matches_select_row_by_row_with(fused: bool, mut r: StdRng) -> Vec
     let ob = poisoned(8);
     let one = select_params(&StepRules { mask_text: false, mask_non_timestamps: false, ts_lo: 40, ts_hi: 64, extra_suppress: [u32::MAX; 2], probe: 0 }, 64, 40, 30, 0);
     let mut rec = g.recorder();
-    assert!(kern.select_rows(&mut rec, &lb, &sb, &[], &ob, None).is_err());
-    assert!(kern.select_rows(&mut rec, &lb, &sb, &[one; SELECT_ROWS + 1], &ob, None).is_err());
+    assert!(kern.select_rows(&mut rec, &lb, &sb, &[], &ob).is_err());
+    assert!(kern.select_rows(&mut rec, &lb, &sb, &[one; SELECT_ROWS + 1], &ob).is_err());
     let state = SelectParams { flags: SELECT_FLAG_RULES_FROM_STATE, ..one };
-    assert!(kern.select_rows(&mut rec, &lb, &sb, &[one, state], &ob, None).is_err());
-    assert!(rec.is_empty(), "a refused selection recorded dispatches");
-    seen
-}
-
-/// A chained verify pass's check (flag 64): each row makes the host's pick from its own
-/// scores and, where that is not the token fed after it, writes its mark at the done word;
-/// rows that match write nothing, and the scores are the rows' as without the check.
-#[test]
-fn select_rows_check_marks_a_pick_other_than_the_next_token() {
-    select_both_ways("select_rows_check", select_rows_check_with);
-}
-
-fn select_rows_check_with(fused: bool, mut r: StdRng) -> Vec<u32> {
-    let g = gpu();
-    let mut kern = Kernels::load(g).unwrap();
-    kern.select_fused = fused;
-    let mut seen: Vec<u32> = Vec::new();
-    let (vocab, eot, ts_begin) = (1013u32, 600u32, 700u32);
-    for (case, rows) in [(0usize, 3usize), (1, 5), (2, SELECT_ROWS), (3, SELECT_ROWS)] {
-        let logits = rand_vec(&mut r, rows * vocab as usize, 8.0);
-        let sb = g.upload_u32("suppress", &suppress_bitmask(&[5, 17, 650], vocab)).unwrap();
-        let lb = g.upload_f32("logits", &logits).unwrap();
-        let rules: Vec<StepRules> = (0..rows)
-            .map(|i| StepRules {
-                mask_text: i % 4 == 3,
-                mask_non_timestamps: false,
-                ts_lo: ts_begin + 20 * i as u32,
-                ts_hi: vocab,
-                extra_suppress: [u32::MAX, u32::MAX],
-                probe: 1,
-            })
-            .collect();
-        // Rows 1, 3, .. check "timestamps beat text" (flag 4) as the host's pick would.
-        let check_ts = |i: usize| i % 2 == 1;
-        let base: Vec<SelectParams> = (0..rows)
-            .map(|i| SelectParams {
-                out_off: 8 * i as u32,
-                flags: select_params(&rules[i], vocab, ts_begin, eot, 0).flags | if check_ts(i) { SELECT_FLAG_TS_OVER_TEXT } else { 0 },
-                ..select_params(&rules[i], vocab, ts_begin, eot, i as u32 * vocab)
-            })
-            .collect();
-        // The rows' scores without the check, and the host's picks from them.
-        let ob = poisoned(8 * rows);
-        let mut rec = g.recorder();
-        kern.select_rows(&mut rec, &lb, &sb, &base, &ob, None).unwrap();
-        rec.submit(None).unwrap();
-        let plain = g.read_u32(&ob, 0, 8 * rows).unwrap();
-        let picks: Vec<u32> = (0..rows)
-            .map(|i| crate::decode::whisper::pick(&scores_from_words(&plain[8 * i..8 * i + 8]), check_ts(i), vocab).unwrap().0)
-            .collect();
-        // The fed tokens after each row at 1.. (as a chained pass has them), the done word
-        // after them: case 0 every pick fed, case 1 row 2's not, case 2 the last row's not,
-        // case 3 rows 0 and 6 not.
-        let wrong: &[usize] = match case {
-            0 => &[],
-            1 => &[2],
-            2 => &[rows - 1],
-            _ => &[0, 6],
-        };
-        let mut ids: Vec<u32> = vec![0];
-        ids.extend(picks.iter().enumerate().map(|(i, &t)| if wrong.contains(&i) { (t + 1) % vocab } else { t }));
-        let done_off = ids.len() as u32;
-        ids.push(0);
-        let ib = g.upload_u32("ids", &ids).unwrap();
-        let mark = 3 + case as u32;
-        let params: Vec<SelectParams> =
-            base.iter().enumerate().map(|(i, p)| SelectParams { flags: p.flags | SELECT_FLAG_CHECK_NEXT, tok_out: i as u32 + 1, done_off, mark, ..*p }).collect();
-        let ob = poisoned(8 * rows);
-        let mut rec = g.recorder();
-        kern.select_rows(&mut rec, &lb, &sb, &params, &ob, Some(&ib)).unwrap();
-        rec.submit(None).unwrap();
-        let words = g.read_u32(&ob, 0, 8 * rows).unwrap();
-        let after = g.read_u32(&ib, 0, ids.len()).unwrap();
-        seen.extend_from_slice(&words);
-        seen.extend_from_slice(&after);
-        assert_eq!(words, plain, "case {case}: the check changed the scores");
-        assert_eq!(&after[..ids.len() - 1], &ids[..ids.len() - 1], "case {case}: the fed tokens were written");
-        let want = if wrong.is_empty() { 0 } else { mark };
-        assert_eq!(after[done_off as usize], want, "case {case}: the done word");
-    }
-    // A check with no tokens bound is refused.
-    let lb = g.upload_f32("logits", &[1.0; 64]).unwrap();
-    let sb = g.upload_u32("suppress", &[0; 2]).unwrap();
-    let ob = poisoned(8);
-    let one = select_params(&StepRules { mask_text: false, mask_non_timestamps: false, ts_lo: 40, ts_hi: 64, extra_suppress: [u32::MAX; 2], probe: 0 }, 64, 40, 30, 0);
-    let mut rec = g.recorder();
-    assert!(kern.select_rows(&mut rec, &lb, &sb, &[SelectParams { flags: SELECT_FLAG_CHECK_NEXT, ..one }], &ob, None).is_err());
-    assert!(kern.select_rows(&mut rec, &lb, &sb, &[SelectParams { flags: SELECT_FLAG_MARK_DONE, ..one }], &ob, None).is_err());
+    assert!(kern.select_rows(&mut rec, &lb, &sb, &[one, state], &ob).is_err());
     assert!(rec.is_empty(), "a refused selection recorded dispatches");
     seen
 }

@@ -36,8 +36,7 @@ use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsSta
 use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
-    Rows, SelectParams, SELECT_FLAG_CHECK_NEXT, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE,
-    SELECT_FLAG_TS_OVER_TEXT,
+    Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
 };
 use crate::quant::block::{BlockFormat, BlockQuant};
 use crate::{Error, Result};
@@ -47,16 +46,6 @@ const LN_EPS: f32 = 1e-5;
 /// Most positions in one verify pass: the per-row GEMV, the split attention and the
 /// selection's output rows are sized for it.
 pub const MAX_VERIFY: usize = crate::kernels::GEMV_MAX_ROWS as usize;
-
-/// Most positions of chained verify passes with one readback (`verify_chain`).
-pub const MAX_CHAIN: usize = 3 * MAX_VERIFY;
-
-/// Whether verify passes are chained (the default; `VERBATIM_VERIFY_CHAIN=0`: one pass a
-/// round trip, to compare on a device).
-fn chain_verify() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VERBATIM_VERIFY_CHAIN").map_or(true, |v| v != "0"))
-}
 
 /// Most tokens one `draft` call proposes.
 pub const MAX_DRAFT: usize = MAX_VERIFY;
@@ -91,7 +80,7 @@ const TS_STATE_WORDS: usize = 4;
 
 /// Rows of 8 score words the selection output holds (verify rows or greedy steps); after
 /// them, 2 words per greedy step: the masks its pick used (select.wgsl, flag 8).
-const SCORE_ROWS: usize = if MAX_STEPS > MAX_CHAIN { MAX_STEPS } else { MAX_CHAIN };
+const SCORE_ROWS: usize = if MAX_STEPS > MAX_VERIFY { MAX_STEPS } else { MAX_VERIFY };
 
 /// The decoder's scratch and output buffers, borrowed field by field (so the dispatch
 /// cache can be borrowed mutably beside them).
@@ -380,8 +369,6 @@ pub struct GpuWhisper {
     dec_cache: DispatchCache,
     /// Verify passes keep their own bind groups (another dispatch sequence).
     ver_cache: DispatchCache,
-    /// Chained verify passes (`verify_chain`).
-    chain_cache: DispatchCache,
     /// So do submissions of several steps.
     steps_cache: DispatchCache,
     /// The grids of a batch's gated steps (`greedy_positions`): `gate_stride` dispatches'
@@ -670,7 +657,6 @@ impl GpuWhisper {
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
             ver_cache: DispatchCache::default(),
-            chain_cache: DispatchCache::default(),
             steps_cache: DispatchCache::default(),
             gpu,
         })
@@ -930,80 +916,6 @@ impl GpuWhisper {
         Ok(words.chunks(8).map(scores_from_words).collect())
     }
 
-    /// Chained verify passes of MAX_VERIFY positions (see `LogitSource::verify_chain`), in
-    /// one submission: pass c's selection checks each row's pick against the token fed
-    /// after it (select.wgsl flag 64) and on a miss writes c + 1 at the done word, which
-    /// gates off the later passes as a device-picked end-of-text gates a batch's later
-    /// steps (their embeddings zero their grids). The done word comes back with the scores:
-    /// the passes after the one that wrote it ran empty and their positions go.
-    fn verify_chain_positions(&mut self, tokens: &[u32], steps: &[Step]) -> Result<Vec<StepScores>> {
-        let n = tokens.len();
-        let pos0 = self.kv_len;
-        let vocab = self.dims.vocab as u32;
-        let t_record = std::time::Instant::now();
-        self.pending = None;
-        let g = self.gpu.clone();
-        // The fed tokens from word 0; the done word where a batch of steps keeps its own.
-        let done_off = (self.dims.text_ctx + 1 + TS_STATE_WORDS) as u32;
-        g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
-        g.write(&self.tokens, 4 * done_off as u64, bytemuck::cast_slice(&[0u32]));
-        let stride = gate_stride(&self.dims);
-        let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
-        let bufs = dec_bufs!(self);
-        let mut rec = g.recorder_cached(&mut self.chain_cache);
-        rec.leave_out(self.leave_out);
-        rec.submit_early_at(&self.early_submit);
-        let passes = n.div_ceil(MAX_VERIFY);
-        for c in 0..passes {
-            let (start, end) = (c * MAX_VERIFY, ((c + 1) * MAX_VERIFY).min(n));
-            rec.stage("verify");
-            let gate = (c > 0).then(|| StepGate {
-                grids: &self.step_grids,
-                range: (c * stride * 12) as u64..((c + 1) * stride * 12) as u64,
-                done_off,
-            });
-            Self::record_forward(&self.kern, &self.dims, &layers, logits_w, &bufs, &mut rec, end - start, pos0 + start, start, true, gate)?;
-            rec.part("select");
-            // Every pass but the last checks its rows against the tokens fed after them.
-            let check = if end < n { SELECT_FLAG_CHECK_NEXT } else { 0 };
-            let sps: Vec<SelectParams> = (start..end)
-                .map(|i| {
-                    let base = select_params(&steps[i].rules, vocab, self.ts_begin, self.eot, (i - start) as u32 * vocab);
-                    let ts_over_text = if steps[i].check_ts_over_text { SELECT_FLAG_TS_OVER_TEXT } else { 0 };
-                    SelectParams {
-                        out_off: 8 * i as u32,
-                        flags: base.flags | check | ts_over_text,
-                        tok_out: i as u32 + 1,
-                        done_off,
-                        mark: c as u32 + 1,
-                        ..base
-                    }
-                })
-                .collect();
-            self.kern.select_rows(&mut rec, &self.logits, &self.suppress, &sps, &self.select_out, Some(&self.tokens))?;
-            rec.gate(None);
-        }
-        let done_at = 32 * SCORE_ROWS as u64;
-        rec.copy(&self.select_out, 0, &self.readback, 0, 32 * n as u64);
-        rec.copy(&self.tokens, 4 * done_off as u64, &self.readback, done_at, 4);
-        rec.submit(Some(&mut self.profile))?;
-        let t_submitted = std::time::Instant::now();
-        // While the GPU runs the passes: the single step after them, as `verify_positions`
-        // does (a chain cut short leaves it for another position: it is dropped then).
-        self.encode_step_ahead(pos0 + n, &select_params(&steps[n - 1].rules, vocab, self.ts_begin, self.eot, 0))?;
-        self.wait_readback(t_record, t_submitted, 1)?;
-        let mut parts = read_mapped(&self.readback, &[0..n * 32, done_at as usize..done_at as usize + 4])?;
-        let done = parts.pop().unwrap_or_default().first().copied().unwrap_or(0) as usize;
-        let words = parts.pop().unwrap_or_default();
-        if done > passes {
-            return Err(Error::Gpu(format!("a chained verify pass reported pass {done} of {passes} failing its check")));
-        }
-        // Passes 1..=done ran (the last of them failed its check); none failed: all ran.
-        let ran = if done == 0 { n } else { (done * MAX_VERIFY).min(n) };
-        self.kv_len += ran;
-        Ok(words[..ran * 8].chunks(8).map(scores_from_words).collect())
-    }
-
     /// Several decode steps with one readback (see `LogitSource::greedy_steps`).
     fn greedy_positions(&mut self, first: u32, k: usize, step: &Step, ts: Option<TsState>) -> Result<GreedySteps> {
         let pos0 = self.kv_len;
@@ -1183,7 +1095,7 @@ impl GpuWhisper {
         rec.part("select");
         match sps {
             [sp] => k.select(rec, b.logits, b.suppress, sp, b.select_out)?,
-            _ => k.select_rows(rec, b.logits, b.suppress, sps, b.select_out, None)?,
+            _ => k.select_rows(rec, b.logits, b.suppress, sps, b.select_out)?,
         }
         rec.copy(b.select_out, 0, b.readback, 0, 32 * sps.len() as u64);
         Ok(())
@@ -1492,31 +1404,6 @@ impl LogitSource for GpuWhisper {
             )));
         }
         self.verify_positions(tokens, rules)
-    }
-
-    fn max_chain(&self) -> usize {
-        if chain_verify() {
-            MAX_CHAIN
-        } else {
-            MAX_VERIFY
-        }
-    }
-
-    fn verify_chain(&mut self, tokens: &[u32], steps: &[Step]) -> Result<Vec<StepScores>> {
-        self.check_append("verify_chain", tokens)?;
-        if tokens.len() > self.max_chain() || steps.len() != tokens.len() {
-            return Err(Error::Invalid(format!(
-                "verify_chain takes 1 to {} tokens with one step each, not {} and {}",
-                self.max_chain(),
-                tokens.len(),
-                steps.len()
-            )));
-        }
-        if tokens.len() <= MAX_VERIFY {
-            let rules: Vec<StepRules> = steps.iter().map(|s| s.rules).collect();
-            return self.verify_positions(tokens, &rules);
-        }
-        self.verify_chain_positions(tokens, steps)
     }
 
     fn max_steps(&self) -> usize {
