@@ -693,7 +693,8 @@ fn file_drafts(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
 
 /// Live mode's work on `file`: its prefixes every 0.5 s (from 1 s) transcribed in turn, each
 /// with the previous prefix's tokens as the draft hint (what live mode's recognizer does),
-/// against the same without drafts. Table rows: decode ms per token both ways.
+/// against the same without drafts, and with verify passes cut to 8 positions (their
+/// length before 2026-12-05). Table rows: decode ms per token each way.
 fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<String>, String> {
     use engine::decode::draft::Speculative;
     use engine::decode::whisper::SpecStats;
@@ -703,7 +704,13 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     let ends: Vec<usize> = (2..).map(|i| i * step).take_while(|&e| e < audio.len()).chain([audio.len()]).collect();
     let mut texts: Vec<Vec<String>> = Vec::new();
     let mut rows = Vec::new();
-    for spec in [Speculative::Off, Speculative::Ngram] {
+    let most = tr.verify_max();
+    let mut runs = vec![(Speculative::Off, most), (Speculative::Ngram, most)];
+    if most > 8 {
+        runs.push((Speculative::Ngram, 8));
+    }
+    for (spec, verify_max) in runs {
+        tr.set_verify_max(verify_max).map_err(err)?;
         let mut per_token = Vec::new();
         let mut total = (0usize, SpecStats::default());
         for b in 0..=batches {
@@ -725,14 +732,15 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
                 per_token.push(decode_s * 1e3 / tokens.max(1) as f64);
                 total = (tokens, sp);
             }
-            if texts.len() < 2 && b == 0 {
+            if b == 0 {
                 texts.push(run_texts);
             }
         }
         let st = stat(&per_token);
         let (tokens, sp) = total;
+        let passes = if spec == Speculative::Off { String::new() } else { format!(", verify passes of at most {verify_max}") };
         rows.push(format!(
-            "| live replay ({} decodes of 0.5 s steps, {tokens} tokens), drafts {}: decode ms/token | {:.4} | {:.2} | {} |",
+            "| live replay ({} decodes of 0.5 s steps, {tokens} tokens), drafts {}{passes}: decode ms/token | {:.4} | {:.2} | {} |",
             ends.len(),
             spec.name(),
             st.min,
@@ -750,7 +758,8 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
             }
         ));
     }
-    if texts.len() == 2 && texts[0] != texts[1] {
+    tr.set_verify_max(most).map_err(err)?;
+    if texts.iter().any(|t| *t != texts[0]) {
         return Err("the live replay's texts differ with and without drafts: speculative decoding changed the output".into());
     }
     Ok(rows)

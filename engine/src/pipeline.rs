@@ -119,6 +119,21 @@ impl Transcriber {
         self.model.profile.clear();
     }
 
+    /// Most positions a speculative verify pass takes (see `GpuWhisper::verify_max`).
+    pub fn verify_max(&self) -> usize {
+        self.model.verify_max
+    }
+
+    /// Cap verify passes at `n` positions (1 to `gpu::MAX_VERIFY`), for comparisons.
+    pub fn set_verify_max(&mut self, n: usize) -> Result<()> {
+        let most = crate::models::whisper::gpu::MAX_VERIFY;
+        if !(1..=most).contains(&n) {
+            return Err(crate::Error::Invalid(format!("verify passes of {n} positions (1 to {most})")));
+        }
+        self.model.verify_max = n;
+        Ok(())
+    }
+
     /// The decoder's weight format (None: f16).
     pub fn quant(&self) -> Option<BlockFormat> {
         self.model.quant()

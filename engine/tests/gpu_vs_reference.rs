@@ -35,7 +35,7 @@ use engine::decode::{LogitSource, Step, StepRules, StepScores, TsState};
 use engine::gpu::{Gpu, GpuOptions};
 use engine::models::whisper::checkpoint::{write_synthetic, Checkpoint};
 use engine::models::whisper::ct2::{write_ct2, Ct2File, DType};
-use engine::models::whisper::gpu::GpuWhisper;
+use engine::models::whisper::gpu::{GpuWhisper, MAX_VERIFY};
 use engine::models::whisper::{default_model_dir, Dims};
 use engine::reference::select::masked_scores;
 use engine::reference::whisper::CpuWhisper;
@@ -624,15 +624,18 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
         let mut p = pair(geom, s, tag);
         let mel = random_mel(&geom.dims, &mut rng);
         let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
-        let tokens = random_tokens(8, geom.dims.vocab, &mut rng);
+        // As many positions as a pass takes and the context holds after the prompt.
+        let n = MAX_VERIFY.min(geom.dims.text_ctx - prompt.len());
+        let tokens = random_tokens(n, geom.dims.vocab, &mut rng);
         let rules: Vec<StepRules> = (0..tokens.len()).map(|i| rules_for(i, &geom, tokens[i])).collect();
         let g = &mut p.gpu;
         g.begin_window(&mel).unwrap();
         g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
         let single: Vec<(StepScores, Vec<f32>)> =
             tokens.iter().zip(&rules).map(|(t, r)| (g.advance(std::slice::from_ref(t), r).unwrap(), g.last_logits().unwrap())).collect();
-        assert_eq!(g.max_verify(), 8);
-        for k in [8, 5, 1] {
+        assert_eq!(g.max_verify(), MAX_VERIFY);
+        // A pass of the most positions, one past the prompt GEMV's 8 rows, 8, and fewer.
+        for k in [n, 9, 8, 5, 1] {
             g.begin_window(&mel).unwrap();
             g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
             let v = g.verify(&tokens[..k], &rules[..k]).unwrap();

@@ -56,7 +56,7 @@ const CH: u32 = 16u; // hidden units a workgroup
 const KG: u32 = 32u; // K slices of the fc1 part (CP x KG = WG)
 const SLICES: u32 = 16u; // main_sum: chunk slices a workgroup, each output's 16 in a tree
 const MAXD: u32 = 1280u; // d_model (FFN_MAX_D in mod.rs)
-const FIN_ROWS: u32 = 8u; // rows a dispatch takes (GEMV_MAX_ROWS in mod.rs)
+const FIN_ROWS: u32 = 16u; // rows a dispatch takes (VERIFY_MAX_ROWS in mod.rs)
 
 var<workgroup> xn: array<f32, MAXD>; // LayerNorm(row)
 var<workgroup> tree: array<f32, WG>;

@@ -165,9 +165,11 @@ fn finish(v0: f32, n: u32, mi: u32) {
 }
 
 // LayerNorm statistics of rows [m0, m1) of X into `stat` (slot = row).
+// (Rows m0 .. m1 into statistics slots 0 .. m1 - m0: main takes rows 0 .. m, main_m1 its
+// one row, whichever of a verify pass's rows that is, into slot 0.)
 fn row_stats(m0: u32, m1: u32, lid: u32) {
     for (var mi = m0; mi < m1; mi++) {
-        ln_stats(p.x_off + mi * p.x_stride, mi, lid);
+        ln_stats(p.x_off + mi * p.x_stride, mi - m0, lid);
     }
     workgroupBarrier();
 }
@@ -178,6 +180,14 @@ fn xv(mi: u32, k: u32) -> f32 {
         return xm[k];
     }
     return ln_apply(x[p.x_off + mi * p.x_stride + k], mi, k);
+}
+
+// The same for main_m1's one row (its statistics in slot 0).
+fn xv_m1(row: u32, k: u32) -> f32 {
+    if (merge_on()) {
+        return xm[k];
+    }
+    return ln_apply(x[p.x_off + row * p.x_stride + k], 0u, k);
 }
 
 @compute @workgroup_size(CP, KG)
@@ -336,7 +346,7 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         }
     }
     if (ln_on()) {
-        row_stats(row, row + 1u, kg * CP + li.x);
+        row_stats(row, row + 1u, kg * CP + li.x); // into slot 0
     }
     if (merge_on()) {
         merge_row(row, kg * CP + li.x);
@@ -346,24 +356,24 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
     if (cw < nw) {
         var k = k0;
         if (ahead) {
-            a = fma(vec2<f32>(ln_with(x0, row, g0, e0)), unpack2x16float(r0), a);
-            b = fma(vec2<f32>(ln_with(x1, row, g1, e1)), unpack2x16float(r1), b);
-            a = fma(vec2<f32>(ln_with(x2, row, g2, e2)), unpack2x16float(r2), a);
-            b = fma(vec2<f32>(ln_with(x3, row, g3, e3)), unpack2x16float(r3), b);
-            a = fma(vec2<f32>(ln_with(x4, row, g4, e4)), unpack2x16float(r4), a);
-            b = fma(vec2<f32>(ln_with(x5, row, g5, e5)), unpack2x16float(r5), b);
-            a = fma(vec2<f32>(ln_with(x6, row, g6, e6)), unpack2x16float(r6), a);
-            b = fma(vec2<f32>(ln_with(x7, row, g7, e7)), unpack2x16float(r7), b);
+            a = fma(vec2<f32>(ln_with(x0, 0u, g0, e0)), unpack2x16float(r0), a);
+            b = fma(vec2<f32>(ln_with(x1, 0u, g1, e1)), unpack2x16float(r1), b);
+            a = fma(vec2<f32>(ln_with(x2, 0u, g2, e2)), unpack2x16float(r2), a);
+            b = fma(vec2<f32>(ln_with(x3, 0u, g3, e3)), unpack2x16float(r3), b);
+            a = fma(vec2<f32>(ln_with(x4, 0u, g4, e4)), unpack2x16float(r4), a);
+            b = fma(vec2<f32>(ln_with(x5, 0u, g5, e5)), unpack2x16float(r5), b);
+            a = fma(vec2<f32>(ln_with(x6, 0u, g6, e6)), unpack2x16float(r6), a);
+            b = fma(vec2<f32>(ln_with(x7, 0u, g7, e7)), unpack2x16float(r7), b);
             k += 8u;
         } else if (pre) {
-            a = fma(vec2<f32>(xv(row, k)), unpack2x16float(r0), a);
-            b = fma(vec2<f32>(xv(row, k + 1u)), unpack2x16float(r1), b);
-            a = fma(vec2<f32>(xv(row, k + 2u)), unpack2x16float(r2), a);
-            b = fma(vec2<f32>(xv(row, k + 3u)), unpack2x16float(r3), b);
-            a = fma(vec2<f32>(xv(row, k + 4u)), unpack2x16float(r4), a);
-            b = fma(vec2<f32>(xv(row, k + 5u)), unpack2x16float(r5), b);
-            a = fma(vec2<f32>(xv(row, k + 6u)), unpack2x16float(r6), a);
-            b = fma(vec2<f32>(xv(row, k + 7u)), unpack2x16float(r7), b);
+            a = fma(vec2<f32>(xv_m1(row, k)), unpack2x16float(r0), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 1u)), unpack2x16float(r1), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 2u)), unpack2x16float(r2), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 3u)), unpack2x16float(r3), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 4u)), unpack2x16float(r4), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 5u)), unpack2x16float(r5), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 6u)), unpack2x16float(r6), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 7u)), unpack2x16float(r7), b);
             k += 8u;
         }
         // Sixteen words per round while they last (long slices: fc2, the logits).
@@ -384,22 +394,22 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             let u13 = w[(k + 13u) * nw + cw];
             let u14 = w[(k + 14u) * nw + cw];
             let u15 = w[(k + 15u) * nw + cw];
-            a = fma(vec2<f32>(xv(row, k + 0u)), unpack2x16float(u0), a);
-            b = fma(vec2<f32>(xv(row, k + 1u)), unpack2x16float(u1), b);
-            a = fma(vec2<f32>(xv(row, k + 2u)), unpack2x16float(u2), a);
-            b = fma(vec2<f32>(xv(row, k + 3u)), unpack2x16float(u3), b);
-            a = fma(vec2<f32>(xv(row, k + 4u)), unpack2x16float(u4), a);
-            b = fma(vec2<f32>(xv(row, k + 5u)), unpack2x16float(u5), b);
-            a = fma(vec2<f32>(xv(row, k + 6u)), unpack2x16float(u6), a);
-            b = fma(vec2<f32>(xv(row, k + 7u)), unpack2x16float(u7), b);
-            a = fma(vec2<f32>(xv(row, k + 8u)), unpack2x16float(u8), a);
-            b = fma(vec2<f32>(xv(row, k + 9u)), unpack2x16float(u9), b);
-            a = fma(vec2<f32>(xv(row, k + 10u)), unpack2x16float(u10), a);
-            b = fma(vec2<f32>(xv(row, k + 11u)), unpack2x16float(u11), b);
-            a = fma(vec2<f32>(xv(row, k + 12u)), unpack2x16float(u12), a);
-            b = fma(vec2<f32>(xv(row, k + 13u)), unpack2x16float(u13), b);
-            a = fma(vec2<f32>(xv(row, k + 14u)), unpack2x16float(u14), a);
-            b = fma(vec2<f32>(xv(row, k + 15u)), unpack2x16float(u15), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 0u)), unpack2x16float(u0), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 1u)), unpack2x16float(u1), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 2u)), unpack2x16float(u2), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 3u)), unpack2x16float(u3), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 4u)), unpack2x16float(u4), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 5u)), unpack2x16float(u5), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 6u)), unpack2x16float(u6), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 7u)), unpack2x16float(u7), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 8u)), unpack2x16float(u8), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 9u)), unpack2x16float(u9), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 10u)), unpack2x16float(u10), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 11u)), unpack2x16float(u11), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 12u)), unpack2x16float(u12), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 13u)), unpack2x16float(u13), b);
+            a = fma(vec2<f32>(xv_m1(row, k + 14u)), unpack2x16float(u14), a);
+            b = fma(vec2<f32>(xv_m1(row, k + 15u)), unpack2x16float(u15), b);
         }
         for (; k + 8u <= k1; k += 8u) {
             let w0 = unpack2x16float(w[k * nw + cw]);
@@ -410,14 +420,14 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             let w5 = unpack2x16float(w[(k + 5u) * nw + cw]);
             let w6 = unpack2x16float(w[(k + 6u) * nw + cw]);
             let w7 = unpack2x16float(w[(k + 7u) * nw + cw]);
-            a = fma(vec2<f32>(xv(row, k)), w0, a);
-            b = fma(vec2<f32>(xv(row, k + 1u)), w1, b);
-            a = fma(vec2<f32>(xv(row, k + 2u)), w2, a);
-            b = fma(vec2<f32>(xv(row, k + 3u)), w3, b);
-            a = fma(vec2<f32>(xv(row, k + 4u)), w4, a);
-            b = fma(vec2<f32>(xv(row, k + 5u)), w5, b);
-            a = fma(vec2<f32>(xv(row, k + 6u)), w6, a);
-            b = fma(vec2<f32>(xv(row, k + 7u)), w7, b);
+            a = fma(vec2<f32>(xv_m1(row, k)), w0, a);
+            b = fma(vec2<f32>(xv_m1(row, k + 1u)), w1, b);
+            a = fma(vec2<f32>(xv_m1(row, k + 2u)), w2, a);
+            b = fma(vec2<f32>(xv_m1(row, k + 3u)), w3, b);
+            a = fma(vec2<f32>(xv_m1(row, k + 4u)), w4, a);
+            b = fma(vec2<f32>(xv_m1(row, k + 5u)), w5, b);
+            a = fma(vec2<f32>(xv_m1(row, k + 6u)), w6, a);
+            b = fma(vec2<f32>(xv_m1(row, k + 7u)), w7, b);
         }
         // The rest in a block of four (a loop of single loads would wait for each).
         if (k + 4u <= k1) {
@@ -425,14 +435,14 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
             let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
             let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
-            a = fma(vec2<f32>(xv(row, k)), w0, a);
-            b = fma(vec2<f32>(xv(row, k + 1u)), w1, b);
-            a = fma(vec2<f32>(xv(row, k + 2u)), w2, a);
-            b = fma(vec2<f32>(xv(row, k + 3u)), w3, b);
+            a = fma(vec2<f32>(xv_m1(row, k)), w0, a);
+            b = fma(vec2<f32>(xv_m1(row, k + 1u)), w1, b);
+            a = fma(vec2<f32>(xv_m1(row, k + 2u)), w2, a);
+            b = fma(vec2<f32>(xv_m1(row, k + 3u)), w3, b);
             k += 4u;
         }
         for (; k < k1; k++) {
-            a = fma(vec2<f32>(xv(row, k)), unpack2x16float(w[k * nw + cw]), a);
+            a = fma(vec2<f32>(xv_m1(row, k)), unpack2x16float(w[k * nw + cw]), a);
         }
     }
     let slot = kg * CP + li.x;

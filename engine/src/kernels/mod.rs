@@ -21,7 +21,7 @@ use crate::{Error, Result};
 const SELECT_GROUPS: u64 = 64;
 /// Rows one multi-row selection takes (`SELECT_ROWS` in select.wgsl: the parameter block
 /// of every selection dispatch is this many parameter sets), as many as a verify pass has.
-pub const SELECT_ROWS: usize = GEMV_MAX_ROWS as usize;
+pub const SELECT_ROWS: usize = VERIFY_MAX_ROWS as usize;
 /// Words of one row's partials (64 x 9, then the probe logit).
 const SELECT_ROW_PARTIALS: u64 = SELECT_GROUPS * 9 + 1;
 
@@ -100,8 +100,16 @@ fn gemv_q_wide_source() -> Result<String> {
 /// Largest number of activation rows the GEMV kernel takes; more go to the tiled GEMM.
 pub const GEMV_MAX_ROWS: u32 = 8;
 
+/// Most rows the kernels of a speculative verify pass take, each row computed exactly as
+/// the same row alone (`linear_per_row`, `ffn_decode`, `attention_rows`,
+/// `attention_unmerged` with exact rows, `linear_merged`, `select_rows`). More than the
+/// prompt's GEMV takes ([`GEMV_MAX_ROWS`]): a verify pass costs ~0.42 ms on the H200 whatever
+/// its rows and ~17 µs a row more (tiny.en, 1 to 8 positions), so a draft that holds
+/// (live mode's hint) is checked in fewer, longer passes.
+pub const VERIFY_MAX_ROWS: u32 = 16;
+
 /// ffn_decode.wgsl as compiled (GELU prepended): the decoder's feed-forward block for up to
-/// [`GEMV_MAX_ROWS`] rows in two dispatches.
+/// [`VERIFY_MAX_ROWS`] rows in two dispatches.
 pub const FFN_DECODE_SOURCE: &str = concat!(include_str!("gelu.wgsl"), include_str!("ffn_decode.wgsl"), include_str!("row_stats.wgsl"));
 /// Hidden units per ffn_decode workgroup (`CH` in ffn_decode.wgsl).
 const FFN_CHUNK: u32 = 16;
@@ -111,9 +119,9 @@ const FFN_SUM_OUTPUTS: u32 = 16;
 const FFN_MAX_D: u32 = 1280;
 
 /// f32 words of ffn_decode's partials for a model of `d` x `ffn`: every 16-unit chunk's
-/// partial row for [`GEMV_MAX_ROWS`] rows.
+/// partial row for [`VERIFY_MAX_ROWS`] rows.
 pub fn ffn_scratch_words(d: u32, ffn: u32) -> u64 {
-    GEMV_MAX_ROWS as u64 * ffn.div_ceil(FFN_CHUNK) as u64 * d as u64
+    VERIFY_MAX_ROWS as u64 * ffn.div_ceil(FFN_CHUNK) as u64 * d as u64
 }
 
 /// Above this many queries the tiled attention (a thread per query, keys staged per
@@ -1012,7 +1020,7 @@ impl Kernels {
                 true => Some(gpu.kernel_entry("ffn_sum_norm", FFN_DECODE_SOURCE, "main_sum_norm", &[W, R, R, R, R, R, R, W, W, R, R, W])?),
                 false => None,
             },
-            ffn_fin: gpu.buffer("ffn final-norm rows", (GEMV_MAX_ROWS + GEMV_MAX_ROWS * FFN_MAX_D) as u64 * 4)?,
+            ffn_fin: gpu.buffer("ffn final-norm rows", (VERIFY_MAX_ROWS + VERIFY_MAX_ROWS * FFN_MAX_D) as u64 * 4)?,
             ffn_fused: std::env::var("VERBATIM_FFN_FUSED").map_or(true, |v| v != "0"),
             gemv_q8: gpu.kernel_entry("gemv_q8_0", GEMV_Q_SOURCE, "main_q8", &[R, R, R, R, R, R, W])?,
             gemv_q4: gpu.kernel_entry("gemv_q4_0", GEMV_Q_SOURCE, "main_q4", &[R, R, R, R, R, R, W])?,
@@ -1195,7 +1203,7 @@ impl Kernels {
     }
 
     /// [`Kernels::linear_ln`] (or [`Kernels::linear`] with `norm` None) for up to
-    /// [`GEMV_MAX_ROWS`] rows, each row's result bit-identical to the same row alone (M = 1):
+    /// [`VERIFY_MAX_ROWS`] rows, each row's result bit-identical to the same row alone (M = 1):
     /// a speculative verify pass then reproduces single decode steps exactly.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_per_row(
@@ -1209,13 +1217,13 @@ impl Kernels {
         y: Rows,
         ep: Epilogue,
     ) -> Result<()> {
-        if m == 0 || m > GEMV_MAX_ROWS {
-            return Err(Error::Invalid(format!("linear_per_row: {m} rows (1 to {GEMV_MAX_ROWS})")));
+        if m == 0 || m > VERIFY_MAX_ROWS {
+            return Err(Error::Invalid(format!("linear_per_row: {m} rows (1 to {VERIFY_MAX_ROWS})")));
         }
         self.gemv(rec, x, m, norm, w, bias, y, ep, true)
     }
 
-    /// The decoder's feed-forward block over `m` (1 to [`GEMV_MAX_ROWS`]) rows of the
+    /// The decoder's feed-forward block over `m` (1 to [`VERIFY_MAX_ROWS`]) rows of the
     /// residual `x`, in place: x[r] += GELU(LayerNorm(x[r]) · W1ᵀ + b1) · W2ᵀ + b2, in two
     /// dispatches (ffn_decode.wgsl), each row bit-identical to the same row alone. `scratch`
     /// holds [`ffn_scratch_words`] floats (the partials). With `final_norm` (the decoder's
@@ -1237,8 +1245,8 @@ impl Kernels {
     ) -> Result<()> {
         let (d, ffn) = (w1.k, w1.n);
         let chunks = ffn.div_ceil(FFN_CHUNK);
-        if m == 0 || m > GEMV_MAX_ROWS {
-            return Err(Error::Invalid(format!("ffn_decode: {m} rows (1 to {GEMV_MAX_ROWS})")));
+        if m == 0 || m > VERIFY_MAX_ROWS {
+            return Err(Error::Invalid(format!("ffn_decode: {m} rows (1 to {VERIFY_MAX_ROWS})")));
         }
         if w2.k != ffn || w2.n != d || d % 2 != 0 || ffn % 2 != 0 || d > FFN_MAX_D || x.stride < d {
             return Err(Error::Invalid(format!(
@@ -1842,20 +1850,36 @@ impl Kernels {
     /// the tiled kernel for other many-query cases, the split
     /// (flash-decoding) kernels for a few, the chunked online-softmax kernel when none fits.
     pub fn attention(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        self.attention_upto(rec, a, ATTENTION_TILED_MIN_QUERIES)
+    }
+
+    /// [`Kernels::attention`] for the up to [`VERIFY_MAX_ROWS`] query rows of a verify
+    /// pass: the split kernel (with its merge) however many, so that each row's output is
+    /// bit for bit the one its query alone gets from [`Kernels::attention`] (a decode step).
+    pub fn attention_rows(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
+        if a.tq == 0 || a.tq > VERIFY_MAX_ROWS {
+            return Err(Error::Invalid(format!("attention_rows: {} query rows (1 to {VERIFY_MAX_ROWS})", a.tq)));
+        }
+        self.attention_upto(rec, a, VERIFY_MAX_ROWS)
+    }
+
+    /// [`Kernels::attention`] with up to `few` queries taken one workgroup per query (the
+    /// split kernel), more by the many-query kernels.
+    fn attention_upto(&self, rec: &mut Recorder, a: &AttentionArgs, few: u32) -> Result<()> {
         let (mut params, cost) = attention_params(a)?;
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
         let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
-        if a.tq <= ATTENTION_TILED_MIN_QUERIES && n_splits == 1 {
+        if a.tq <= few && n_splits == 1 {
             // Keys fit one split (a decode step's self-attention): one dispatch, no merge.
             params.direct = 1;
             return rec.dispatch(&self.attention_split, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, 1], cost);
         }
         let p = bytemuck::bytes_of(&params);
-        if self.takes_attention_coop(a) {
+        if a.tq > few && self.takes_attention_coop(a) {
             return self.attention_on_coop(rec, a);
         }
         let tiled_groups = a.tq.div_ceil(32) as u64 * a.heads as u64;
-        if a.tq > ATTENTION_TILED_MIN_QUERIES
+        if a.tq > few
             && a.causal.is_none()
             && a.head_dim == 64
             && tiled_groups < ATTENTION_BLOCKED_MAX_TILED_GROUPS
@@ -1863,11 +1887,11 @@ impl Kernels {
         {
             return self.attention_blocked(rec, a);
         }
-        if a.tq > ATTENTION_TILED_MIN_QUERIES && a.head_dim <= 64 && a.head_dim % 4 == 0 {
+        if a.tq > few && a.head_dim <= 64 && a.head_dim % 4 == 0 {
             return rec.dispatch(&self.attention_tiled, p, &bufs, [a.tq.div_ceil(32), a.heads, 1], cost);
         }
         let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        if a.tq <= ATTENTION_TILED_MIN_QUERIES && partials <= ATTENTION_PARTIALS_FLOATS {
+        if a.tq <= few && partials <= ATTENTION_PARTIALS_FLOATS {
             let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
             let merge_cost = Cost { bytes: partials * 8, flops: partials * 2 };
             let part = &self.attention_partials;
@@ -1877,21 +1901,26 @@ impl Kernels {
         self.attention_chunked(rec, a)
     }
 
-    /// [`Kernels::attention`], but where it would run the split kernel and then the merge,
-    /// only the split: the partials stay in the kernels' buffer for
-    /// [`Kernels::linear_merged`] (the output projection merges them as it reads its input)
-    /// and the split count is returned. None: the attention was recorded whole into
-    /// `a.out`.
-    pub fn attention_unmerged(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<Option<u32>> {
+    /// [`Kernels::attention`] (or with `rows`, [`Kernels::attention_rows`]), but where it
+    /// would run the split kernel and then the merge, only the split: the partials stay in
+    /// the kernels' buffer for [`Kernels::linear_merged`] (the output projection merges
+    /// them as it reads its input) and the split count is returned. None: the attention
+    /// was recorded whole into `a.out`.
+    pub fn attention_unmerged(&self, rec: &mut Recorder, a: &AttentionArgs, rows: bool) -> Result<Option<u32>> {
         let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
         let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
-        let fits = a.tq <= ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS)
+        let few = if rows { VERIFY_MAX_ROWS } else { ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS) };
+        let fits = a.tq <= few
             && n_splits > 1
             && partials <= ATTENTION_PARTIALS_FLOATS
             && a.heads * n_splits <= GEMV_MERGE_MAX_PARTS
             && a.heads * a.head_dim <= GEMV_MERGE_MAX_K;
         if !fits {
-            self.attention(rec, a)?;
+            if rows {
+                self.attention_rows(rec, a)?;
+            } else {
+                self.attention(rec, a)?;
+            }
             return Ok(None);
         }
         let (params, cost) = attention_params(a)?;
@@ -1918,7 +1947,7 @@ impl Kernels {
         y: Rows,
         ep: Epilogue,
     ) -> Result<()> {
-        if m == 0 || m > GEMV_MAX_ROWS || heads * head_dim != w.k || heads * n_splits > GEMV_MERGE_MAX_PARTS || w.k > GEMV_MERGE_MAX_K {
+        if m == 0 || m > VERIFY_MAX_ROWS || heads * head_dim != w.k || heads * n_splits > GEMV_MERGE_MAX_PARTS || w.k > GEMV_MERGE_MAX_K {
             return Err(Error::Invalid(format!(
                 "linear_merged: {m} rows of {heads} heads x {head_dim} in {n_splits} splits for a width of {}",
                 w.k

@@ -291,8 +291,9 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
-    // tiny.en's verify-pass shapes: the QKV GEMV with its LayerNorm, fc2 accumulating.
-    run_rows_equal_lone(&mut r, TestWeights::F16, 8, 1152, 384, true, false, false);
+    // tiny.en's verify-pass shapes: the QKV GEMV with its LayerNorm (a pass's most rows),
+    // fc2 accumulating.
+    run_rows_equal_lone(&mut r, TestWeights::F16, VERIFY_MAX_ROWS as usize, 1152, 384, true, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 6, 384, 1536, false, false, true);
     // Over 8 MiB: main_m1 (N = 4098, no multiple of 8) and the streaming GEMV (4104).
     run_rows_equal_lone(&mut r, TestWeights::F16, 2, 4098, 1025, true, false, false);
@@ -418,8 +419,8 @@ fn ffn_decode_matches_reference_and_lone_rows() {
     run_ffn_decode(&mut r, 3, 136, 406);
     // More output pairs than threads (300), K slices of 19 words, a group of one chunk.
     run_ffn_decode(&mut r, 1, 600, 520);
-    // tiny.en's shape with a verify pass's 8 rows.
-    run_ffn_decode(&mut r, 8, 384, 1536);
+    // tiny.en's shape with a verify pass's most rows.
+    run_ffn_decode(&mut r, VERIFY_MAX_ROWS as usize, 384, 1536);
     // Rows past 4 x 256 (the final norm's fifth element a thread), near large-v3's 1280.
     run_ffn_decode(&mut r, 2, 1102, 74);
 }
@@ -429,7 +430,8 @@ fn ffn_decode_refuses_what_it_cannot_do() {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
     let v = |n: usize| g.upload_f32("v", &vec![1.0; n]).unwrap();
-    let (x, gm, bt, b1, b2) = (v(64 * 9), v(64), v(64), v(96), v(64));
+    let most = VERIFY_MAX_ROWS;
+    let (x, gm, bt, b1, b2) = (v(64 * (most as usize + 1)), v(64), v(64), v(96), v(64));
     let w = |n: usize, k: usize| F16Matrix::from_bits(g, "w", &vec![0x3c00; n * k], n, k).unwrap();
     let (w1, w2) = (w(96, 64), w(64, 96));
     let scratch = g.buffer("s", ffn_scratch_words(64, 96) * 4).unwrap();
@@ -438,14 +440,14 @@ fn ffn_decode_refuses_what_it_cannot_do() {
     let mut rec = g.recorder();
     let x_rows = Rows::new(&x, 64);
     assert!(kern.ffn_decode(&mut rec, x_rows, 0, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "no rows");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 9, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "9 rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, most + 1, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "too many rows");
     assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w2, &b2, &small, None).is_err(), "short scratch");
     assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w1, &b2, &scratch, None).is_err(), "W2 of W1's shape");
     assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "rows narrower than d");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 8, norm, &w1, &b1, &w2, &b2, &scratch, None).is_ok());
+    assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, None).is_ok());
     if kern.final_norm_fused() {
-        let short = g.buffer("normalised rows", 64 * 8 * 4 - 4).unwrap();
-        assert!(kern.ffn_decode(&mut rec, x_rows, 8, norm, &w1, &b1, &w2, &b2, &scratch, Some((norm, &short))).is_err(), "a short output");
+        let short = g.buffer("normalised rows", 64 * most as u64 * 4 - 4).unwrap();
+        assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, Some((norm, &short))).is_err(), "a short output");
     }
 }
 
@@ -1210,6 +1212,81 @@ fn attention_matches_reference() {
     run_attention_with(&mut r, 20, 70, 3, 36, None, AttentionPath::Chunked);
 }
 
+/// A verify pass's self-attention (`attention_rows`): `m` query rows from position `p0` of
+/// a decoder's fused [pos][q|k|v] cache, causal; each row bit for bit what its query gets
+/// alone from `attention` (a decode step: keys up to its own position), and all of them
+/// the reference within rounding.
+fn run_attention_rows(r: &mut StdRng, m: usize, p0: usize, heads: usize) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let (d, hd) = (64, heads * 64);
+    let (tk, s3) = (p0 + m, 3 * hd);
+    let cache = rand_vec(r, tk * s3, 1.0);
+    let cols = |c: usize, rows: std::ops::Range<usize>| -> Vec<f32> { rows.flat_map(|i| cache[i * s3 + c * hd..i * s3 + (c + 1) * hd].to_vec()).collect() };
+    let cb = g.upload_f32("qkv cache", &cache).unwrap();
+    fn args<'a>(cb: &'a wgpu::Buffer, out: &'a wgpu::Buffer, from: usize, rows: usize, heads: usize) -> AttentionArgs<'a> {
+        let (hd, s3) = (heads * 64, heads * 192);
+        AttentionArgs {
+            q: Rows::at(cb, from * s3, s3),
+            k: Rows::at(cb, hd, s3),
+            v: Rows::at(cb, 2 * hd, s3),
+            out: Rows::new(out, hd),
+            tq: rows as u32,
+            tk: (from + rows) as u32,
+            heads: heads as u32,
+            head_dim: 64,
+            causal: Some(from as u32),
+        }
+    }
+    let together = poisoned(m * hd);
+    let mut rec = g.recorder();
+    kern.attention_rows(&mut rec, &args(&cb, &together, p0, m, heads)).unwrap();
+    rec.submit(None).unwrap();
+    let got = g.read_f32(&together, 0, m * hd).unwrap();
+    let want = ops::attention(&cols(0, p0..tk), &cols(1, 0..tk), &cols(2, 0..tk), m, tk, heads, d, Some(p0));
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "attention rows m={m} p0={p0} h={heads}: rel err {e}");
+    for i in 0..m {
+        let alone = poisoned(hd);
+        let mut rec = g.recorder();
+        kern.attention(&mut rec, &args(&cb, &alone, p0 + i, 1, heads)).unwrap();
+        rec.submit(None).unwrap();
+        let lone = g.read_f32(&alone, 0, hd).unwrap();
+        for (c, (a, b)) in got[i * hd..(i + 1) * hd].iter().zip(&lone).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "attention rows m={m} p0={p0}: row {i} element {c} is {a}, alone {b}");
+        }
+    }
+}
+
+#[test]
+fn attention_rows_equal_lone_queries() {
+    let mut r = rng("attention_rows");
+    let most = VERIFY_MAX_ROWS as usize;
+    // Keys in one split for every row; a pass whose last rows cross into a second split
+    // (256 keys a split) while its first rows' steps alone have one; every row split.
+    run_attention_rows(&mut r, most, 21, 3);
+    run_attention_rows(&mut r, 13, 250, 2);
+    run_attention_rows(&mut r, most, 300, 1);
+    // More rows than a verify pass: an error, not another kernel's bits.
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let buf = poisoned(64 * 3 * (most + 1));
+    let args = AttentionArgs {
+        q: Rows::new(&buf, 192),
+        k: Rows::at(&buf, 64, 192),
+        v: Rows::at(&buf, 128, 192),
+        out: Rows::new(&buf, 64),
+        tq: most as u32 + 1,
+        tk: most as u32 + 1,
+        heads: 1,
+        head_dim: 64,
+        causal: Some(0),
+    };
+    let mut rec = g.recorder();
+    assert!(kern.attention_rows(&mut rec, &args).is_err());
+    assert!(rec.is_empty());
+}
+
 /// The encoder's self-attention as the encoder calls it: Q, K and V side by side in one
 /// fused [t][3·h·64] buffer (the QKV projection's output, at a row offset), no mask. Where
 /// the device has cooperative matrices that takes attention_coop.wgsl (head planes split
@@ -1441,7 +1518,7 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
             head_dim: d as u32,
             causal: None,
         };
-        let splits = kern.attention_unmerged(&mut rec, &args).unwrap().expect("left unmerged");
+        let splits = kern.attention_unmerged(&mut rec, &args, true).unwrap().expect("left unmerged");
         kern.linear_merged(&mut rec, m as u32, heads as u32, d as u32, splits, &wm, bias.then_some(&bb), Rows::new(&yb, n), ep)
             .unwrap();
         rec.submit(None).unwrap();
@@ -1466,6 +1543,8 @@ fn attention_merged_into_the_projection_matches_reference() {
     run_merged(&mut r, 1, 1500, 6, 64, 384, true, true);
     run_merged(&mut r, 3, 530, 2, 20, 46, false, false);
     run_merged(&mut r, 8, 300, 4, 16, 66, true, false);
+    // A verify pass's most rows (past the prompt GEMV's eight).
+    run_merged(&mut r, VERIFY_MAX_ROWS as usize, 520, 3, 64, 70, true, true);
     // More than eight splits (2300 keys: nine): the merge's loop rather than its unrolled
     // loads.
     run_merged(&mut r, 1, 2300, 2, 64, 128, true, false);
@@ -1487,16 +1566,23 @@ fn attention_merged_into_the_projection_matches_reference() {
         head_dim: 64,
         causal: None,
     };
-    assert_eq!(kern.attention_unmerged(&mut rec, &args).unwrap(), None);
+    assert_eq!(kern.attention_unmerged(&mut rec, &args, true).unwrap(), None);
+    // More than a prompt's eight queries split only as a verify pass's rows.
+    let nine = poisoned(9 * 64 * 2);
+    let rows9 = AttentionArgs { q: Rows::new(&nine, 64), tq: 9, tk: 300, ..args };
+    assert_eq!(kern.attention_unmerged(&mut rec, &rows9, false).unwrap(), None);
+    assert_eq!(kern.attention_unmerged(&mut rec, &rows9, true).unwrap(), Some(2));
+    let too_many = AttentionArgs { tq: VERIFY_MAX_ROWS + 1, ..rows9 };
+    assert!(kern.attention_rows(&mut rec, &too_many).is_err());
     // Shapes the merge cannot take are errors, not wrong outputs: no rows, a width that is
-    // not heads x head_dim, too many (head, split) pairs, more than 8 rows.
+    // not heads x head_dim, too many (head, split) pairs, more rows than a verify pass.
     let w = F16Matrix::from_bits(g, "w", &vec![0u16; 8 * 64], 8, 64).unwrap();
-    let y = poisoned(9 * 8);
+    let y = poisoned((VERIFY_MAX_ROWS as usize + 1) * 8);
     let ep = Epilogue::default();
     assert!(kern.linear_merged(&mut rec, 0, 1, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
     assert!(kern.linear_merged(&mut rec, 1, 2, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
     assert!(kern.linear_merged(&mut rec, 1, 1, 64, 129, &w, None, Rows::new(&y, 8), ep).is_err());
-    assert!(kern.linear_merged(&mut rec, 9, 1, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
+    assert!(kern.linear_merged(&mut rec, VERIFY_MAX_ROWS + 1, 1, 64, 2, &w, None, Rows::new(&y, 8), ep).is_err());
     let rw = F16Rows::from_bits(g, "rw", &[0u16; 6], 2, 3);
     assert!(rw.is_err(), "rows of an odd width cannot be packed in pairs");
     let rw = F16Rows::from_bits(g, "rw", &[0u16; 8], 2, 4).unwrap();

@@ -44,11 +44,14 @@ use crate::{Error, Result};
 const LN_EPS: f32 = 1e-5;
 
 /// Most positions in one verify pass: the per-row GEMV, the split attention and the
-/// selection's output rows are sized for it.
-pub const MAX_VERIFY: usize = crate::kernels::GEMV_MAX_ROWS as usize;
+/// selection's output rows are sized for it. `VERBATIM_VERIFY_MAX` (1 to this) caps it
+/// at run time, for comparisons.
+pub const MAX_VERIFY: usize = crate::kernels::VERIFY_MAX_ROWS as usize;
 
-/// Most tokens one `draft` call proposes.
-pub const MAX_DRAFT: usize = MAX_VERIFY;
+/// Most tokens one `draft` call proposes: a draft model's tokens cost a step each, so its
+/// drafts stay as long as they were before verify passes grew (the adaptive length
+/// rarely reached them).
+pub const MAX_DRAFT: usize = 8;
 
 /// Most decode steps per readback (`greedy_steps`).
 pub const MAX_STEPS: usize = 16;
@@ -363,6 +366,9 @@ pub struct GpuWhisper {
     /// in the stream). For measuring only: the results are then wrong. A step already
     /// encoded ahead keeps what it was recorded with.
     pub leave_out: Option<&'static str>,
+    /// Most positions a verify pass takes (`max_verify`): [`MAX_VERIFY`], or
+    /// `VERBATIM_VERIFY_MAX`; `verbatim bench` sets it to compare pass lengths.
+    pub verify_max: usize,
     /// The next single-token step, encoded while the last one ran.
     pending: Option<PendingStep>,
     enc_cache: DispatchCache,
@@ -416,6 +422,17 @@ fn gate_stride(dims: &Dims) -> usize {
 
 /// Whether the steps of a batch after a device-picked end-of-text are gated off (the
 /// default; `VERBATIM_GATED_STEPS=0` computes them, to compare on a device).
+/// `VERBATIM_VERIFY_MAX` (1 to [`MAX_VERIFY`]) or [`MAX_VERIFY`].
+fn verify_max_from_env() -> Result<usize> {
+    match std::env::var("VERBATIM_VERIFY_MAX") {
+        Err(_) => Ok(MAX_VERIFY),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_VERIFY).contains(&n) => Ok(n),
+            _ => Err(Error::Invalid(format!("VERBATIM_VERIFY_MAX={v:?}: a number of positions from 1 to {MAX_VERIFY}"))),
+        },
+    }
+}
+
 fn steps_gated() -> bool {
     static GATED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *GATED.get_or_init(|| std::env::var("VERBATIM_GATED_STEPS").map_or(true, |v| v != "0"))
@@ -653,6 +670,7 @@ impl GpuWhisper {
                 .map(|v| v.into_iter().filter(|&c| c > 0).collect())
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             leave_out: None,
+            verify_max: verify_max_from_env()?,
             pending: None,
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
@@ -1164,20 +1182,23 @@ impl GpuWhisper {
             rec.part("self_qkv");
             lin(rec, x, Some(l.self_norm), l.qkv, qkv, plain)?;
             rec.part("self_attention");
-            k.attention(
-                rec,
-                &AttentionArgs {
-                    q: qkv,
-                    k: Rows::at(l.qkv_cache, d, s3),
-                    v: Rows::at(l.qkv_cache, 2 * d, s3),
-                    out: Rows::new(b.dec_attn, d),
-                    tq: m,
-                    tk: p0 + m,
-                    heads,
-                    head_dim: hd,
-                    causal: Some(p0),
-                },
-            )?;
+            let self_attention = AttentionArgs {
+                q: qkv,
+                k: Rows::at(l.qkv_cache, d, s3),
+                v: Rows::at(l.qkv_cache, 2 * d, s3),
+                out: Rows::new(b.dec_attn, d),
+                tq: m,
+                tk: p0 + m,
+                heads,
+                head_dim: hd,
+                causal: Some(p0),
+            };
+            // A verify pass's rows each as its step alone would compute it.
+            if per_row {
+                k.attention_rows(rec, &self_attention)?;
+            } else {
+                k.attention(rec, &self_attention)?;
+            }
             rec.part("self_out");
             lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
             let q = Rows::new(b.dec_q, d);
@@ -1198,7 +1219,11 @@ impl GpuWhisper {
             // (one dispatch less); quantized ones take the merged output.
             rec.part("cross_attention");
             let merged = match l.cross_out.w {
-                WRef::F16(_) => k.attention_unmerged(rec, &cross)?,
+                WRef::F16(_) => k.attention_unmerged(rec, &cross, per_row)?,
+                _ if per_row => {
+                    k.attention_rows(rec, &cross)?;
+                    None
+                }
                 _ => {
                     k.attention(rec, &cross)?;
                     None
@@ -1391,14 +1416,15 @@ impl LogitSource for GpuWhisper {
     }
 
     fn max_verify(&self) -> usize {
-        MAX_VERIFY
+        self.verify_max
     }
 
     fn verify(&mut self, tokens: &[u32], rules: &[StepRules]) -> Result<Vec<StepScores>> {
         self.check_append("verify", tokens)?;
-        if tokens.len() > MAX_VERIFY || rules.len() != tokens.len() {
+        if tokens.len() > self.verify_max || rules.len() != tokens.len() {
             return Err(Error::Invalid(format!(
-                "verify takes 1 to {MAX_VERIFY} tokens with one rule set each, not {} and {}",
+                "verify takes 1 to {} tokens with one rule set each, not {} and {}",
+                self.verify_max,
                 tokens.len(),
                 rules.len()
             )));
