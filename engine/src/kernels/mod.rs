@@ -103,9 +103,10 @@ pub const GEMV_MAX_ROWS: u32 = 8;
 /// Most rows the kernels of a speculative verify pass take, each row computed exactly as
 /// the same row alone (`linear_per_row`, `ffn_decode`, `attention_rows`,
 /// `attention_unmerged` with exact rows, `linear_merged`, `select_rows`). More than the
-/// prompt's GEMV takes ([`GEMV_MAX_ROWS`]): a verify pass costs ~0.42 ms on the H200 whatever
-/// its rows and ~17 µs a row more (tiny.en, 1 to 8 positions), so a draft that holds
-/// (live mode's hint) is checked in fewer, longer passes.
+/// prompt's GEMV takes ([`GEMV_MAX_ROWS`]): a verify pass costs ~0.4 ms on the H200 whatever
+/// its rows (tiny.en: 1 position 0.38-0.44 ms, 8 0.53-0.59, 16 0.71-0.82), so a draft that
+/// holds (live mode's hint) is checked in fewer, longer passes: live replays 13-15 % faster
+/// on jfk and lhotse_2412 (bench/RESULTS.md 2026-12-05, second session).
 pub const VERIFY_MAX_ROWS: u32 = 16;
 
 /// ffn_decode.wgsl as compiled (GELU prepended): the decoder's feed-forward block for up to
