@@ -14,7 +14,7 @@
 //!   where a submission of 16 steps runs one in ≈ 0.33 ms; timestamps between the
 //!   dispatches of one pass summed to 0.54, worse), GB/s and % of a copy ceiling measured in
 //!   the same run (a vec4 copy kernel over two large buffers);
-//! - verify passes of 1..8 positions (speculative decoding's check of k = 0..7 drafts), ms
+//! - verify passes of 1..16 positions (speculative decoding's check of k = 0..15 drafts), ms
 //!   per pass, each followed by a rollback of all of them (the state is reused);
 //! - with `--file`, end-to-end time and real-time factor of transcribing it, and a live
 //!   replay: the file's prefixes every 0.5 s re-decoded as live mode does, without drafts
