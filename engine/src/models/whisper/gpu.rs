@@ -13,9 +13,10 @@
 //!   "LN +" is one GEMV dispatch (the norm folded in) and an attention over at most 256
 //!   keys one dispatch: 9 per layer. One submission and a 32-byte readback per call; the
 //!   logits stay on the GPU.
-//! - `verify(tokens)`: speculative decoding's check, up to 16 positions in one pass (`MAX_VERIFY`), every
-//!   GEMV in its per-row form (each row bit-identical to a lone decode step), the logits
-//!   and the masked selection of every position, 32 bytes back per position; `rollback`
+//! - `verify(tokens)`: speculative decoding's check, up to 16 positions in one pass
+//!   (`MAX_VERIFY`), every GEMV in its per-row form (each row bit-identical to a lone
+//!   decode step), the logits and the masked selection of every position, 32 bytes back
+//!   per position; `rollback`
 //!   drops positions past the first rejected draft (the KV length goes back).
 //! - `--quant q8_0|q4_0` (`load_with`): the decoder's GEMV weights and the logits
 //!   projection block-quantized (gemv_q.wgsl, one kernel for steps, verify passes and
