@@ -119,19 +119,14 @@ impl Transcriber {
         self.model.profile.clear();
     }
 
-    /// Most positions a speculative verify pass takes (see `GpuWhisper::verify_max`).
+    /// Most positions a speculative verify pass takes.
     pub fn verify_max(&self) -> usize {
-        self.model.verify_max
+        crate::decode::LogitSource::max_verify(&self.model)
     }
 
-    /// Cap verify passes at `n` positions (1 to `gpu::MAX_VERIFY`), for comparisons.
+    /// Cap verify passes at `n` positions (see `GpuWhisper::set_verify_max`).
     pub fn set_verify_max(&mut self, n: usize) -> Result<()> {
-        let most = crate::models::whisper::gpu::MAX_VERIFY;
-        if !(1..=most).contains(&n) {
-            return Err(crate::Error::Invalid(format!("verify passes of {n} positions (1 to {most})")));
-        }
-        self.model.verify_max = n;
-        Ok(())
+        self.model.set_verify_max(n)
     }
 
     /// The decoder's weight format (None: f16).

@@ -672,7 +672,14 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
         assert!(g.verify(&tokens, &rules[..2]).is_err());
         assert!(g.verify(&[geom.dims.vocab as u32], &rules[..1]).is_err());
         assert!(g.rollback(10_000).is_err());
-        eprintln!("[{tag}] head_dim {}: verify of 1/5/8 = single steps bit for bit; rollback exact", geom.dims.head_dim());
+        // More positions than the cap: an error; the cap itself only from 1 to MAX_VERIFY.
+        g.set_verify_max(2).unwrap();
+        assert_eq!(g.max_verify(), 2);
+        assert!(g.verify(&tokens[..3], &rules[..3]).is_err());
+        assert!(g.set_verify_max(0).is_err() && g.set_verify_max(MAX_VERIFY + 1).is_err());
+        assert_eq!(g.max_verify(), 2);
+        g.set_verify_max(MAX_VERIFY).unwrap();
+        eprintln!("[{tag}] head_dim {}: verify of 1/5/8/9/{n} = single steps bit for bit; rollback exact", geom.dims.head_dim());
     }
 }
 

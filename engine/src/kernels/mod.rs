@@ -1864,6 +1864,15 @@ impl Kernels {
         self.attention_upto(rec, a, VERIFY_MAX_ROWS)
     }
 
+    /// [`Kernels::attention_rows`] where `rows` (a verify pass), else [`Kernels::attention`].
+    pub fn attention_for(&self, rec: &mut Recorder, a: &AttentionArgs, rows: bool) -> Result<()> {
+        if rows {
+            self.attention_rows(rec, a)
+        } else {
+            self.attention(rec, a)
+        }
+    }
+
     /// [`Kernels::attention`] with up to `few` queries taken one workgroup per query (the
     /// split kernel), more by the many-query kernels.
     fn attention_upto(&self, rec: &mut Recorder, a: &AttentionArgs, few: u32) -> Result<()> {
@@ -1917,11 +1926,7 @@ impl Kernels {
             && a.heads * n_splits <= GEMV_MERGE_MAX_PARTS
             && a.heads * a.head_dim <= GEMV_MERGE_MAX_K;
         if !fits {
-            if rows {
-                self.attention_rows(rec, a)?;
-            } else {
-                self.attention(rec, a)?;
-            }
+            self.attention_for(rec, a, rows)?;
             return Ok(None);
         }
         let (params, cost) = attention_params(a)?;

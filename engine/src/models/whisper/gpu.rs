@@ -16,8 +16,8 @@
 //! - `verify(tokens)`: speculative decoding's check, up to 16 positions in one pass
 //!   (`MAX_VERIFY`), every GEMV in its per-row form (each row bit-identical to a lone
 //!   decode step), the logits and the masked selection of every position, 32 bytes back
-//!   per position; `rollback`
-//!   drops positions past the first rejected draft (the KV length goes back).
+//!   per position; `rollback` drops positions past the first rejected draft (the KV
+//!   length goes back).
 //! - `--quant q8_0|q4_0` (`load_with`): the decoder's GEMV weights and the logits
 //!   projection block-quantized (gemv_q.wgsl, one kernel for steps, verify passes and
 //!   prompts); the encoder and the cross-attention K|V projection stay f16 (GEMM-bound).
@@ -50,8 +50,7 @@ const LN_EPS: f32 = 1e-5;
 pub const MAX_VERIFY: usize = crate::kernels::VERIFY_MAX_ROWS as usize;
 
 /// Most tokens one `draft` call proposes: a draft model's tokens cost a step each, so its
-/// drafts stay as long as they were before verify passes grew (the adaptive length
-/// rarely reached them).
+/// drafts stay as long as they were before verify passes grew to 16 (not measured longer).
 pub const MAX_DRAFT: usize = 8;
 
 /// Most decode steps per readback (`greedy_steps`).
@@ -368,8 +367,8 @@ pub struct GpuWhisper {
     /// encoded ahead keeps what it was recorded with.
     pub leave_out: Option<&'static str>,
     /// Most positions a verify pass takes (`max_verify`): [`MAX_VERIFY`], or
-    /// `VERBATIM_VERIFY_MAX`; `verbatim bench` sets it to compare pass lengths.
-    pub verify_max: usize,
+    /// `VERBATIM_VERIFY_MAX`, or `set_verify_max` (the bench compares pass lengths).
+    verify_max: usize,
     /// The next single-token step, encoded while the last one ran.
     pending: Option<PendingStep>,
     enc_cache: DispatchCache,
@@ -421,19 +420,27 @@ fn gate_stride(dims: &Dims) -> usize {
     10 * dims.decoder_layers + 8
 }
 
-/// Whether the steps of a batch after a device-picked end-of-text are gated off (the
-/// default; `VERBATIM_GATED_STEPS=0` computes them, to compare on a device).
-/// `VERBATIM_VERIFY_MAX` (1 to [`MAX_VERIFY`]) or [`MAX_VERIFY`].
-fn verify_max_from_env() -> Result<usize> {
-    match std::env::var("VERBATIM_VERIFY_MAX") {
-        Err(_) => Ok(MAX_VERIFY),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if (1..=MAX_VERIFY).contains(&n) => Ok(n),
-            _ => Err(Error::Invalid(format!("VERBATIM_VERIFY_MAX={v:?}: a number of positions from 1 to {MAX_VERIFY}"))),
-        },
+/// `n` as the most positions of a verify pass: 1 to [`MAX_VERIFY`].
+fn checked_verify_max(n: usize) -> Result<usize> {
+    if (1..=MAX_VERIFY).contains(&n) {
+        Ok(n)
+    } else {
+        Err(Error::Invalid(format!("verify passes of {n} positions (1 to {MAX_VERIFY})")))
     }
 }
 
+/// The most positions of a verify pass as `VERBATIM_VERIFY_MAX` sets it (`setting`), or
+/// [`MAX_VERIFY`] when unset.
+fn verify_max_setting(setting: Option<&str>) -> Result<usize> {
+    let Some(v) = setting else {
+        return Ok(MAX_VERIFY);
+    };
+    let n = v.trim().parse::<usize>().map_err(|_| Error::Invalid(format!("VERBATIM_VERIFY_MAX={v:?}: not a number of positions")))?;
+    checked_verify_max(n).map_err(|e| Error::Invalid(format!("VERBATIM_VERIFY_MAX: {e}")))
+}
+
+/// Whether the steps of a batch after a device-picked end-of-text are gated off (the
+/// default; `VERBATIM_GATED_STEPS=0` computes them, to compare on a device).
 fn steps_gated() -> bool {
     static GATED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *GATED.get_or_init(|| std::env::var("VERBATIM_GATED_STEPS").map_or(true, |v| v != "0"))
@@ -671,7 +678,7 @@ impl GpuWhisper {
                 .map(|v| v.into_iter().filter(|&c| c > 0).collect())
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             leave_out: None,
-            verify_max: verify_max_from_env()?,
+            verify_max: verify_max_setting(std::env::var("VERBATIM_VERIFY_MAX").ok().as_deref())?,
             pending: None,
             enc_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
@@ -822,6 +829,13 @@ impl GpuWhisper {
     /// Frames and width of the encoder output.
     pub fn encoder_shape(&self) -> (usize, usize) {
         (self.dims.audio_ctx, self.dims.d_model)
+    }
+
+    /// Cap verify passes at `n` positions (1 to [`MAX_VERIFY`]; `max_verify` says it), for
+    /// comparisons.
+    pub fn set_verify_max(&mut self, n: usize) -> Result<()> {
+        self.verify_max = checked_verify_max(n)?;
+        Ok(())
     }
 
     /// The logits of the last position of the last `advance`.
@@ -1195,11 +1209,7 @@ impl GpuWhisper {
                 causal: Some(p0),
             };
             // A verify pass's rows each as its step alone would compute it.
-            if per_row {
-                k.attention_rows(rec, &self_attention)?;
-            } else {
-                k.attention(rec, &self_attention)?;
-            }
+            k.attention_for(rec, &self_attention, per_row)?;
             rec.part("self_out");
             lin(rec, Rows::new(b.dec_attn, d), None, l.self_out, x, acc)?;
             let q = Rows::new(b.dec_q, d);
@@ -1221,12 +1231,8 @@ impl GpuWhisper {
             rec.part("cross_attention");
             let merged = match l.cross_out.w {
                 WRef::F16(_) => k.attention_unmerged(rec, &cross, per_row)?,
-                _ if per_row => {
-                    k.attention_rows(rec, &cross)?;
-                    None
-                }
                 _ => {
-                    k.attention(rec, &cross)?;
+                    k.attention_for(rec, &cross, per_row)?;
                     None
                 }
             };
@@ -1475,5 +1481,21 @@ impl LogitSource for GpuWhisper {
 
     fn n_mels(&self) -> usize {
         self.dims.n_mels
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_max_setting_takes_1_to_max_verify() {
+        assert_eq!(verify_max_setting(None).unwrap(), MAX_VERIFY);
+        assert_eq!(verify_max_setting(Some(" 8")).unwrap(), 8);
+        assert_eq!(verify_max_setting(Some("1")).unwrap(), 1);
+        for bad in ["0", "17", "-1", "eight", ""] {
+            assert!(verify_max_setting(Some(bad)).is_err(), "{bad:?}");
+        }
+        assert!(checked_verify_max(MAX_VERIFY + 1).is_err());
     }
 }
