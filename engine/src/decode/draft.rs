@@ -18,6 +18,16 @@
 //!   text so far (the previous windows' text is in the prompt); what followed their latest
 //!   earlier occurrence is the draft.
 //!
+//! - **times**, with timestamps: a time that closes a segment (after text) is never copied
+//!   from the text so far, where it lies in the past; an n-gram draft ends in the window's
+//!   audio end instead, where Whisper's last time lands when the speech runs on to it (live
+//!   mode's prefixes: 8 of jfk's 21 windows close exactly there). And where nothing else
+//!   is drafted after a closing time, the next segment opening at that time is (Whisper
+//!   writes `<|7.40|><|7.40|>`). A verify pass of two positions costs little more than a
+//!   lone step's round trip on the H200 (one position 0.38-0.44 ms, four 0.44-0.51:
+//!   bench/RESULTS.md), and a time that holds spares the next round trip: the end-of-text
+//!   after a closing time, or the next segment's first word.
+//!
 //! The n-gram draft's length adapts: doubled after a fully accepted draft, halved after a
 //! draft rejected at its first token. The hint, while the window follows it, is drafted as
 //! far as a verify pass takes: it is the same audio's transcript of half a second before and
@@ -84,6 +94,9 @@ impl FromStr for Speculative {
 const MAX_NGRAM: usize = 3;
 /// First draft length.
 const START_DRAFT: usize = 4;
+/// Seconds between Whisper's time tokens, and the most of them after the first (30 s).
+const TIME_STEP: f64 = 0.02;
+const MAX_TIME_STEPS: u32 = 1500;
 
 /// Proposes drafts for one window and adapts their length.
 #[derive(Clone, Debug)]
@@ -93,12 +106,24 @@ pub struct Drafter {
     stop: u32,
     /// The first timestamp token (ids from it on are times; `u32::MAX`: none).
     timestamp_begin: u32,
+    /// The time token of the window's audio end (`u32::MAX`: unknown, or no timestamps).
+    audio_end: u32,
     len: usize,
 }
 
 impl Drafter {
     pub fn new(hint: &[u32], stop: u32, timestamp_begin: u32) -> Self {
-        Drafter { hint: hint.to_vec(), stop, timestamp_begin, len: START_DRAFT }
+        Drafter { hint: hint.to_vec(), stop, timestamp_begin, audio_end: u32::MAX, len: START_DRAFT }
+    }
+
+    /// Draft closing times at the window's audio end, `seconds` after its start (Whisper's
+    /// times are 0.02 s apart, 30 s at most). Needs timestamps.
+    pub fn with_audio_end(mut self, seconds: f64) -> Self {
+        if self.timestamp_begin != u32::MAX && seconds.is_finite() && seconds > 0.0 {
+            let steps = (seconds / TIME_STEP).round().min(MAX_TIME_STEPS as f64) as u32;
+            self.audio_end = self.timestamp_begin.saturating_add(steps);
+        }
+        self
     }
 
     /// Up to `min(limit, current length)` tokens likely to follow `sampled` (this window's
@@ -122,17 +147,51 @@ impl Drafter {
             if let Some(at) = last_occurrence(&self.hint, key) {
                 let d = take(&self.hint[at + n..]);
                 if !d.is_empty() {
-                    return d;
+                    return self.closing_time_at_end(sampled, d);
                 }
             }
             if let Some(at) = last_occurrence(&ctx[..ctx.len() - 1], key) {
                 let d = take(&ctx[at + n..]);
                 if !d.is_empty() {
-                    return d;
+                    return self.closing_time_at_end(sampled, d);
                 }
             }
         }
-        Vec::new()
+        self.next_segment_opening(sampled)
+    }
+
+    fn is_time(&self, t: u32) -> bool {
+        t >= self.timestamp_begin
+    }
+
+    /// An n-gram draft up to its first closing time (a time after text), that time replaced
+    /// by the audio end: the copied time lies in the past, and a window's last segment
+    /// mostly closes at the audio end. Unchanged without a known audio end.
+    fn closing_time_at_end(&self, sampled: &[u32], mut draft: Vec<u32>) -> Vec<u32> {
+        if self.audio_end == u32::MAX {
+            return draft;
+        }
+        let closing = (0..draft.len()).find(|&i| {
+            let before = if i == 0 { sampled.last() } else { draft.get(i - 1) };
+            self.is_time(draft[i]) && before.is_some_and(|&b| !self.is_time(b))
+        });
+        if let Some(i) = closing {
+            draft.truncate(i);
+            draft.push(self.audio_end);
+        }
+        draft
+    }
+
+    /// Where nothing else drafts: after a closing time before the audio end, the next
+    /// segment opening at the same time.
+    fn next_segment_opening(&self, sampled: &[u32]) -> Vec<u32> {
+        if self.audio_end == u32::MAX {
+            return Vec::new();
+        }
+        match *sampled {
+            [.., text, time] if !self.is_time(text) && self.is_time(time) && time < self.audio_end => vec![time],
+            _ => Vec::new(),
+        }
     }
 
     /// Whether `sampled` follows the hint: shorter, and equal to its start but for times
@@ -228,6 +287,48 @@ mod tests {
         // A draft ends before end of text.
         assert_eq!(d.propose(&[8, 1, EOT, 2], &[8, 1], 8), Vec::<u32>::new());
         assert_eq!(d.propose(&[8, 1, 3, EOT], &[8, 1], 8), vec![3]);
+    }
+
+    #[test]
+    fn draft_closes_a_segment_at_the_audio_end_not_at_a_copied_time() {
+        // The window's audio ends at 2.00 s (token 200); "5 6" closed at 1.00 s before.
+        let d = Drafter::new(&[], EOT, TS).with_audio_end(2.0);
+        let prompt = [1];
+        let sampled = [100, 5, 6, 150, 150, 7, 5, 6];
+        // "5 6" was followed by <|1.00|>: drafted as the audio end, and nothing after it.
+        assert_eq!(d.propose(&prompt, &sampled, 8), vec![200]);
+        // A time after a time (an opening one) is copied as it is.
+        let d = Drafter::new(&[], EOT, TS).with_audio_end(2.0);
+        assert_eq!(d.propose(&prompt, &[100, 5, 6, 150, 150, 7, 5, 6, 150], 8), vec![150, 7, 5, 6]);
+        // Text before the closing time stays in the draft ("7" was followed by "8 9 <|1.20|>").
+        let d = Drafter::new(&[], EOT, TS).with_audio_end(1.5);
+        assert_eq!(d.propose(&[1], &[100, 7, 8, 9, 160, 160, 7], 8), vec![8, 9, 175]);
+        // The hint's times too (the hint ends where the audio did half a second before).
+        let d = Drafter::new(&[100, 5, 6, 7, 170], EOT, TS).with_audio_end(2.2);
+        assert_eq!(d.propose(&[1], &[100, 5, 9, 6, 7], 8), vec![210]);
+        // The end past 30 s is the last time token.
+        let d = Drafter::new(&[], EOT, TS).with_audio_end(31.0);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 150, 150, 5, 6], 8), vec![TS + 1500]);
+        // Unknown end, or no timestamps: drafted as copied.
+        let d = Drafter::new(&[], EOT, TS);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 150, 150, 5, 6], 8), vec![150, 150, 5, 6]);
+        let d = Drafter::new(&[], EOT, u32::MAX).with_audio_end(2.0);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 150, 150, 5, 6], 8), vec![150, 150, 5, 6]);
+    }
+
+    #[test]
+    fn draft_opens_the_next_segment_where_the_last_one_closed() {
+        let d = Drafter::new(&[], EOT, TS).with_audio_end(3.0);
+        // Text, then <|1.40|> with nothing to look up: <|1.40|> again.
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 170], 8), vec![170]);
+        // Not at the audio end (end-of-text follows there), not after a time, not after text.
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 250], 8), Vec::<u32>::new());
+        assert_eq!(d.propose(&[1], &[100, 5, 180, 170], 8), Vec::<u32>::new());
+        assert_eq!(d.propose(&[1], &[100, 5, 6], 8), Vec::<u32>::new());
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 170], 0), Vec::<u32>::new());
+        // Without a known audio end, nothing.
+        let d = Drafter::new(&[], EOT, TS);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 170], 8), Vec::<u32>::new());
     }
 
     #[test]

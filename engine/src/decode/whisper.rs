@@ -474,6 +474,9 @@ pub fn decode_window_of(
     // Speculative decoding: drafts only where the source can verify them.
     let max_verify = if opts.speculative == Speculative::Off { 0 } else { src.max_verify() };
     let mut drafter = Drafter::new(&opts.draft_hint, sp.eot, if timestamps { sp.timestamp_begin } else { u32::MAX });
+    if let Some(seconds) = content {
+        drafter = drafter.with_audio_end(seconds);
+    }
     let mut spec = SpecStats::default();
     // Positions a verify pass computed past the last chosen token: (the draft token fed
     // there, the scores after it, its rules), oldest first, and the pass's draft length.
@@ -1996,5 +1999,122 @@ mod tests {
             .map(|v| v.as_u64().unwrap())
             .collect();
         assert_eq!(begin, vec![u64::from(tok.blank_id()), u64::from(EOT)]);
+    }
+
+    /// Scores that pick exactly the recorded tokens of a window: position i of the window's
+    /// decoding (0: after the prompt) scores `tokens[i]` whatever was fed, as a model would
+    /// wherever the loop uses the scores (after the prompt, a chosen token, or a kept draft).
+    struct Replay {
+        tokens: Vec<u32>,
+        timestamp_begin: u32,
+        /// Positions fed after the prompt; the prompt's advance.
+        fed: usize,
+        prompted: bool,
+    }
+
+    impl Replay {
+        fn scores(&self, i: usize) -> StepScores {
+            let t = self.tokens[i.min(self.tokens.len() - 1)];
+            let (text, time) = if t < self.timestamp_begin { (10.0, 0.0) } else { (0.0, 10.0) };
+            StepScores {
+                text_best: if t < self.timestamp_begin { t } else { 0 },
+                text_max: text,
+                text_lse: text,
+                ts_best: if t < self.timestamp_begin { self.timestamp_begin } else { t },
+                ts_max: time,
+                ts_lse: time,
+                raw_lse: 11.0,
+                probe_logit: -10.0,
+            }
+        }
+    }
+
+    impl LogitSource for Replay {
+        fn begin_window(&mut self, _mel: &[f32]) -> Result<()> {
+            unreachable!("replayed windows start at their prompt")
+        }
+        fn advance(&mut self, tokens: &[u32], _rules: &StepRules) -> Result<StepScores> {
+            if !self.prompted {
+                self.prompted = true;
+                return Ok(self.scores(0));
+            }
+            self.fed += tokens.len();
+            Ok(self.scores(self.fed))
+        }
+        fn set_suppress(&mut self, _ids: &[u32]) -> Result<()> {
+            Ok(())
+        }
+        fn max_verify(&self) -> usize {
+            16
+        }
+        fn verify(&mut self, tokens: &[u32], _rules: &[StepRules]) -> Result<Vec<StepScores>> {
+            let from = self.fed;
+            self.fed += tokens.len();
+            Ok((1..=tokens.len()).map(|i| self.scores(from + i)).collect())
+        }
+        fn rollback(&mut self, n: usize) -> Result<()> {
+            self.fed -= n;
+            Ok(())
+        }
+        fn max_positions(&self) -> usize {
+            448
+        }
+        fn n_mels(&self) -> usize {
+            80
+        }
+    }
+
+    /// Live mode on real speech: jfk.wav's 21 prefixes as tiny.en decoded them (recorded
+    /// tokens, tests/data/jfk_live_windows.json), each window drafted from the previous
+    /// window's tokens and n-gram lookup. The chosen tokens do not depend on the drafts, so
+    /// the loop's verify passes and lone steps (each a round trip to the GPU, ~0.4 ms on the
+    /// H200) are what the draft policy decides; the H200's replays counted the same (38
+    /// passes and 50 lone steps before the drafts knew the audio end). Knowing the window's
+    /// audio end, closing times are drafted there and the next segment opened where the
+    /// last one closed: fewer round trips for the same tokens.
+    #[test]
+    fn live_drafts_on_real_speech_count_their_round_trips() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/jfk_live_windows.json");
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let windows: Vec<(f64, Vec<u32>)> = doc["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                let tokens = w["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32);
+                (w["seconds"].as_f64().unwrap(), tokens.collect())
+            })
+            .collect();
+        assert_eq!(windows.len(), 21);
+        // tiny.en's special tokens.
+        let sp = SpecialTokens {
+            eot: 50256,
+            sot: 50257,
+            sot_prev: 50360,
+            no_speech: 50361,
+            no_timestamps: 50362,
+            timestamp_begin: 50363,
+            vocab: 51864,
+        };
+        let run = |audio_end_known: bool| -> SpecStats {
+            let mut total = SpecStats::default();
+            let mut hint: Vec<u32> = Vec::new();
+            for (seconds, tokens) in &windows {
+                let mut src = Replay { tokens: tokens.clone(), timestamp_begin: sp.timestamp_begin, fed: 0, prompted: false };
+                let opts = DecodeOptions { speculative: Speculative::Ngram, draft_hint: hint.clone(), ..DecodeOptions::default() };
+                let content = audio_end_known.then_some(*seconds);
+                let r = decode_window_of(&mut src, &[sp.sot], &sp, 220, &opts, content).unwrap();
+                assert_eq!(r.tokens, tokens[..tokens.len() - 1], "the window's tokens, whatever the drafts");
+                assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone);
+                total.add(&r.spec);
+                hint = r.tokens;
+            }
+            total
+        };
+        let before = run(false);
+        assert_eq!((before.passes, before.alone, before.accepted), (38, 50, 206), "{before:?}");
+        let now = run(true);
+        assert_eq!((now.passes, now.alone, now.accepted), (45, 41, 208), "{now:?}");
+        assert!(now.passes + now.alone < before.passes + before.alone);
     }
 }
