@@ -15,7 +15,9 @@
 //!   dispatches of one pass summed to 0.54, worse), GB/s and % of a copy ceiling measured in
 //!   the same run (a vec4 copy kernel over two large buffers);
 //! - verify passes of 1..16 positions (speculative decoding's check of k = 0..15 drafts), ms
-//!   per pass, each followed by a rollback of all of them (the state is reused);
+//!   per pass, each followed by a rollback of all of them (the state is reused); and a
+//!   single step with none encoded ahead for its position (after a rollback), submitted in
+//!   parts as the decoder runs it against recorded whole;
 //! - with `--file`, end-to-end time and real-time factor of transcribing it, and a live
 //!   replay: the file's prefixes every 0.5 s re-decoded as live mode does, without drafts
 //!   and with the previous hypothesis as the draft (`--speculative ngram`): decode ms per
@@ -389,6 +391,7 @@ fn bench(args: &Args) -> Result<(), String> {
     // verify pass must give each position's scores bit for bit as single steps do (a
     // driver that fuses differently in the multi-row kernel would change transcripts).
     let mut verify_ms = Vec::new();
+    let mut fresh_ms = Vec::new();
     if model.max_verify() > 0 {
         for n in [2, 3, 5, model.max_verify()] {
             let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
@@ -433,6 +436,37 @@ fn bench(args: &Args) -> Result<(), String> {
                 }
             }
             verify_ms.push((n, early_submit, stat(&v), split.1, split.2));
+        }
+        // A single step with none encoded ahead for its position (after drafts were rolled
+        // back: the live replay's lone steps after a missed draft), submitted in parts as
+        // the decoder runs it and recorded whole, alternated.
+        for _ in 0..2 {
+            for early_submit in [early.clone(), Vec::new()] {
+                model.early_submit = early_submit.clone();
+                let reps = 16;
+                let mut v = Vec::new();
+                let mut split = (f64::INFINITY, 0.0, 0.0);
+                for b in 0..=batches {
+                    model.begin_window(&mel).map_err(err)?;
+                    model.advance(&prompt4, &rules).map_err(err)?;
+                    model.host_times = (0.0, 0.0, 0);
+                    let t = Instant::now();
+                    for i in 0..reps {
+                        // The rollback drops the step encoded ahead: the next one records anew.
+                        model.advance(&[text_token(i + 4)], &rules).map_err(err)?;
+                        model.rollback(1).map_err(err)?;
+                    }
+                    let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+                    let (rs, ws, calls) = model.host_times;
+                    if b > 0 {
+                        v.push(ms);
+                        if ms < split.0 {
+                            split = (ms, rs * 1e3 / calls.max(1) as f64, ws * 1e3 / calls.max(1) as f64);
+                        }
+                    }
+                }
+                fresh_ms.push((early_submit, stat(&v), split.1, split.2));
+            }
         }
         model.early_submit = early;
     }
@@ -575,6 +609,16 @@ fn bench(args: &Args) -> Result<(), String> {
             v.min,
             v.spread,
             v.min / d.min
+        );
+    }
+    for (early, v, r, w) in &fresh_ms {
+        let how = match early.as_slice() {
+            [] => "recorded whole before one submission".to_string(),
+            e => format!("submitted at dispatches {e:?} and the end"),
+        };
+        println!(
+            "| decode step after a rollback (none encoded ahead), {how}, ms | {:.4} | {:.2} | + rollback; host records {r:.4}, waits {w:.4} |",
+            v.min, v.spread
         );
     }
     for (format, layers, row) in &draft_ms {

@@ -73,9 +73,10 @@ pub const DECODE_PARTS: [&str; 13] = [
     "logits",
     "select",
 ];
-/// Dispatch counts at which a verify pass submits what it has recorded: the embedding and
-/// one decoder layer (8 dispatches a layer; the H200 runs a layer of 8 rows in ≈ 0.13 ms
-/// while the host records the other layers, ≈ 5 µs a dispatch).
+/// Dispatch counts at which a verify pass, or a step not encoded ahead, submits what it has
+/// recorded: the embedding and one decoder layer (8 dispatches a layer; the H200 runs a
+/// layer of 8 rows in ≈ 0.13 ms while the host records the other layers, ≈ 5 µs a
+/// dispatch; −0.05 ms a verify pass of 8, bench/RESULTS.md 2026-12-01).
 const EARLY_SUBMIT: &[usize] = &[9];
 
 /// Words of the timestamp state (decode::TsState, padded) after the fed tokens.
@@ -356,10 +357,11 @@ pub struct GpuWhisper {
     /// Host-side split of `advance`: seconds recording + submitting, seconds waiting for
     /// the GPU and the readback, and the number of calls (for `verbatim bench`).
     pub host_times: (f64, f64, u64),
-    /// A verify pass submits what it has recorded when its dispatch count reaches each of
-    /// these, so the GPU runs the first layers while the host records the rest; empty: the
-    /// whole pass recorded before one submission. `VERBATIM_EARLY_SUBMIT=a,b,..` (or 0)
-    /// sets it for a run (to compare); `verbatim bench` times it against one submission.
+    /// A verify pass (and a step not encoded ahead) submits what it has recorded when its
+    /// dispatch count reaches each of these, so the GPU runs the first layers while the host
+    /// records the rest; empty: the whole pass recorded before one submission.
+    /// `VERBATIM_EARLY_SUBMIT=a,b,..` (or 0) sets it for a run (to compare); `verbatim
+    /// bench` times it against one submission.
     pub early_submit: Vec<usize>,
     /// A part of the decoder (one of [`DECODE_PARTS`]) left out of every decode step and
     /// verify pass recorded from now on (`verbatim bench --step-parts`: what the part costs
@@ -884,13 +886,9 @@ impl GpuWhisper {
                 }
                 p.enc.submit(&g, Some(&mut self.profile))?;
             }
-            _ => {
-                if pipelined {
-                    self.record_step(n, pos0, &sp)?.enc.submit(&g, Some(&mut self.profile))?;
-                } else {
-                    self.record_step_timed(n, pos0, &sp)?;
-                }
-            }
+            // No step encoded for this position (a prompt, or a step after drafts were
+            // rolled back): recorded now, and submitted in parts like a verify pass.
+            _ => self.record_step_now(n, pos0, &sp)?,
         }
         let t_submitted = std::time::Instant::now();
         self.encode_step_ahead(pos0 + n, &sp)?;
@@ -1074,12 +1072,16 @@ impl GpuWhisper {
         Ok(PendingStep { pos0, enc: rec.encode()?, select_slots })
     }
 
-    /// The same, submitted with a timestamp per dispatch (profiling).
-    fn record_step_timed(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<()> {
+    /// The same, submitted now: the embedding and the first layer as soon as they are
+    /// recorded (`early_submit`, as a verify pass: the GPU runs them while the host records
+    /// the rest; the host records a dispatch in ~5 µs on the H200, the whole step in
+    /// ~0.1-0.2 ms), or with a timestamp per dispatch when profiling (in one submission).
+    fn record_step_now(&mut self, n: usize, pos0: usize, sp: &SelectParams) -> Result<()> {
         let g = self.gpu.clone();
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.dec_cache);
         rec.leave_out(self.leave_out);
+        rec.submit_early_at(&self.early_submit);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         rec.submit(Some(&mut self.profile))
     }
