@@ -374,6 +374,13 @@ pub fn decode_window(
     decode_window_of(src, prompt, sp, blank, opts, None)
 }
 
+/// Whether drafts know the window's audio end (`Drafter::with_audio_end`; the default:
+/// `VERBATIM_DRAFT_AUDIO_END=0` drafts as before 2026-12-05, to compare on a device).
+fn audio_end_drafts() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("VERBATIM_DRAFT_AUDIO_END").map_or(true, |v| v != "0"))
+}
+
 /// The batch of device-picked steps to record next, given the window's `content` seconds
 /// of audio (not the zero padding): with timestamps, the last timestamp so far says how far
 /// into the audio the text is and the rate of tokens so far how many are likely left (the
@@ -474,7 +481,7 @@ pub fn decode_window_of(
     // Speculative decoding: drafts only where the source can verify them.
     let max_verify = if opts.speculative == Speculative::Off { 0 } else { src.max_verify() };
     let mut drafter = Drafter::new(&opts.draft_hint, sp.eot, if timestamps { sp.timestamp_begin } else { u32::MAX });
-    if let Some(seconds) = content {
+    if let Some(seconds) = content.filter(|_| audio_end_drafts()) {
         drafter = drafter.with_audio_end(seconds);
     }
     let mut spec = SpecStats::default();
