@@ -410,10 +410,10 @@ fn bench(args: &Args) -> Result<(), String> {
         rewarm(&mut model, "verify passes")?;
         let early = model.early_submit.clone();
         let runs = (1..=model.max_verify()).map(|n| (n, early.clone())).chain([(model.max_verify(), Vec::new())]);
-        for (n, early_submit) in runs {
-            model.early_submit = early_submit.clone();
-            let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
-            let rules_n = vec![rules; n];
+        // 16 calls of `call` per batch, each batch in a fresh window after the 4-token
+        // prompt (batch 0 a warm-up): ms per call, and the host's record / wait split of the
+        // fastest batch.
+        let timed = |model: &mut GpuWhisper, call: &mut dyn FnMut(&mut GpuWhisper, usize) -> engine::Result<()>| {
             let reps = 16;
             let mut v = Vec::new();
             let mut split = (f64::INFINITY, 0.0, 0.0);
@@ -422,9 +422,8 @@ fn bench(args: &Args) -> Result<(), String> {
                 model.advance(&prompt4, &rules).map_err(err)?;
                 model.host_times = (0.0, 0.0, 0);
                 let t = Instant::now();
-                for _ in 0..reps {
-                    model.verify(&tokens, &rules_n).map_err(err)?;
-                    model.rollback(n).map_err(err)?;
+                for i in 0..reps {
+                    call(model, i).map_err(err)?;
                 }
                 let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
                 let (rs, ws, calls) = model.host_times;
@@ -435,7 +434,17 @@ fn bench(args: &Args) -> Result<(), String> {
                     }
                 }
             }
-            verify_ms.push((n, early_submit, stat(&v), split.1, split.2));
+            Ok::<_, String>((stat(&v), split.1, split.2))
+        };
+        for (n, early_submit) in runs {
+            model.early_submit = early_submit.clone();
+            let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
+            let rules_n = vec![rules; n];
+            let (v, r, w) = timed(&mut model, &mut |m, _| {
+                m.verify(&tokens, &rules_n)?;
+                m.rollback(n)
+            })?;
+            verify_ms.push((n, early_submit, v, r, w));
         }
         // A single step with none encoded ahead for its position (after drafts were rolled
         // back: the live replay's lone steps after a missed draft), submitted in parts as
@@ -443,29 +452,12 @@ fn bench(args: &Args) -> Result<(), String> {
         for _ in 0..2 {
             for early_submit in [early.clone(), Vec::new()] {
                 model.early_submit = early_submit.clone();
-                let reps = 16;
-                let mut v = Vec::new();
-                let mut split = (f64::INFINITY, 0.0, 0.0);
-                for b in 0..=batches {
-                    model.begin_window(&mel).map_err(err)?;
-                    model.advance(&prompt4, &rules).map_err(err)?;
-                    model.host_times = (0.0, 0.0, 0);
-                    let t = Instant::now();
-                    for i in 0..reps {
-                        // The rollback drops the step encoded ahead: the next one records anew.
-                        model.advance(&[text_token(i + 4)], &rules).map_err(err)?;
-                        model.rollback(1).map_err(err)?;
-                    }
-                    let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
-                    let (rs, ws, calls) = model.host_times;
-                    if b > 0 {
-                        v.push(ms);
-                        if ms < split.0 {
-                            split = (ms, rs * 1e3 / calls.max(1) as f64, ws * 1e3 / calls.max(1) as f64);
-                        }
-                    }
-                }
-                fresh_ms.push((early_submit, stat(&v), split.1, split.2));
+                // The rollback drops the step encoded ahead: the next one records anew.
+                let (v, r, w) = timed(&mut model, &mut |m, i| {
+                    m.advance(&[text_token(i + 4)], &rules)?;
+                    m.rollback(1)
+                })?;
+                fresh_ms.push((early_submit, v, r, w));
             }
         }
         model.early_submit = early;

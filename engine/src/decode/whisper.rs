@@ -2093,16 +2093,7 @@ mod tests {
             })
             .collect();
         assert_eq!(windows.len(), 21);
-        // tiny.en's special tokens.
-        let sp = SpecialTokens {
-            eot: 50256,
-            sot: 50257,
-            sot_prev: 50360,
-            no_speech: 50361,
-            no_timestamps: 50362,
-            timestamp_begin: 50363,
-            vocab: 51864,
-        };
+        let sp = sp(); // tiny.en's special tokens
         let run = |audio_end_known: bool| -> SpecStats {
             let mut total = SpecStats::default();
             let mut hint: Vec<u32> = Vec::new();
@@ -2110,7 +2101,7 @@ mod tests {
                 let mut src = Replay { tokens: tokens.clone(), timestamp_begin: sp.timestamp_begin, fed: 0, prompted: false };
                 let opts = DecodeOptions { speculative: Speculative::Ngram, draft_hint: hint.clone(), ..DecodeOptions::default() };
                 let content = audio_end_known.then_some(*seconds);
-                let r = decode_window_of(&mut src, &[sp.sot], &sp, 220, &opts, content).unwrap();
+                let r = decode_window_of(&mut src, &[sp.sot], &sp, BLANK, &opts, content).unwrap();
                 assert_eq!(r.tokens, tokens[..tokens.len() - 1], "the window's tokens, whatever the drafts");
                 assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone);
                 total.add(&r.spec);
