@@ -186,12 +186,13 @@ fn bench(args: &Args) -> Result<(), String> {
     );
     gpu.pause_profiling(true);
     println!(
-        "adapter: {} ({}, {}); encoder GEMMs on {}; shader runtime checks {}",
+        "adapter: {} ({}, {}); encoder GEMMs on {}; shader runtime checks {}; waits poll for {} µs before blocking",
         gpu.info.name,
         gpu.info.backend,
         gpu.info.driver,
         if gpu.info.coop_matrix { "cooperative matrices (tensor cores)" } else { "tiled shader arithmetic (no cooperative matrices, or VERBATIM_NO_COOP)" },
-        if gpu.info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" }
+        if gpu.info.shader_checks { "on (VERBATIM_SHADER_CHECKS)" } else { "off" },
+        gpu.spin_wait().as_micros()
     );
 
     // The model.

@@ -98,6 +98,23 @@ pub struct Gpu {
     profiling_paused: std::sync::atomic::AtomicBool,
     /// Every kernel compiled, kept where the device was opened with compiler statistics.
     sources: Option<Mutex<Vec<pipeline_stats::KernelSource>>>,
+    /// How long a wait for the GPU polls without blocking before it blocks (`spin_budget`).
+    spin: std::time::Duration,
+}
+
+/// How long a wait for the GPU first polls the fence without blocking, on a GPU that is not
+/// the CPU (`VERBATIM_SPIN_WAIT_US`, microseconds; 0 blocks at once). A blocking wait
+/// sleeps in the driver and wakes through the kernel: on the lent machines an empty submit
+/// and wait took 31-75 µs, a round trip every decode step and verify pass pays. Polling
+/// costs a core for at most this long, then the wait blocks as before. On a CPU adapter
+/// (lavapipe) the GPU's work runs on the same cores, so it never spins there.
+fn spin_budget(is_cpu: bool, setting: Option<&str>) -> std::time::Duration {
+    let us = match setting.map(str::trim).and_then(|v| v.parse::<u64>().ok()) {
+        Some(us) => us,
+        None if is_cpu => 0,
+        None => 2000,
+    };
+    std::time::Duration::from_micros(us.min(1_000_000))
 }
 
 fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
@@ -284,6 +301,7 @@ impl Gpu {
             shader_checks: shader_checks_wanted(),
         };
         let profiling = profile && info.timestamps;
+        let spin = spin_budget(info.is_cpu(), std::env::var("VERBATIM_SPIN_WAIT_US").ok().as_deref());
         Gpu {
             device,
             queue,
@@ -294,6 +312,7 @@ impl Gpu {
             arena_pool: Mutex::new(Vec::new()),
             profiling_paused: std::sync::atomic::AtomicBool::new(false),
             sources: None,
+            spin,
         }
     }
 
@@ -301,6 +320,11 @@ impl Gpu {
     /// share passes again as without profiling, and only counts and bytes are recorded.
     pub fn pause_profiling(&self, paused: bool) {
         self.profiling_paused.store(paused, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long a wait for the GPU polls before it blocks (`VERBATIM_SPIN_WAIT_US`).
+    pub fn spin_wait(&self) -> std::time::Duration {
+        self.spin
     }
 
     /// Whether dispatches are timed now (profiling asked for, supported and not paused).
@@ -530,7 +554,21 @@ impl Gpu {
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
-        self.wait()?;
+        // Poll without blocking for a while first (`spin_budget`): the callback runs inside
+        // the poll that sees the copy done.
+        let spin_end = std::time::Instant::now() + self.spin;
+        while std::time::Instant::now() < spin_end {
+            self.poll_once()?;
+            match rx.try_recv() {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => {
+                    self.check()?;
+                    return Err(Error::Gpu(format!("reading a result back failed: {e}")));
+                }
+                Err(_) => std::hint::spin_loop(),
+            }
+        }
+        self.wait_blocking()?;
         // Another thread sharing the device may be the one whose poll runs our callback, a
         // moment after our own wait returned: keep polling briefly until it arrives.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -553,8 +591,32 @@ impl Gpu {
         }
     }
 
-    /// Block until all submitted work is done; report faults.
+    /// Wait until all submitted work is done (polling first for `spin_budget`, then
+    /// blocking); report faults.
     pub fn wait(&self) -> Result<()> {
+        let spin_end = std::time::Instant::now() + self.spin;
+        while std::time::Instant::now() < spin_end {
+            if self.poll_once()? {
+                return self.check();
+            }
+            std::hint::spin_loop();
+        }
+        self.wait_blocking()
+    }
+
+    /// One poll that does not block: whether no submission is in flight any more.
+    fn poll_once(&self) -> Result<bool> {
+        match self.device.poll(wgpu::PollType::Poll) {
+            Ok(status) => Ok(status.is_queue_empty()),
+            Err(e) => {
+                self.check()?;
+                Err(Error::DeviceLost(e.to_string()))
+            }
+        }
+    }
+
+    /// Block until all submitted work is done; report faults.
+    fn wait_blocking(&self) -> Result<()> {
         if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
             self.check()?;
             return Err(match e {
@@ -574,5 +636,21 @@ impl Gpu {
     /// recording of the same sequence of dispatches (see [`DispatchCache`]).
     pub fn recorder_cached<'a>(&'a self, cache: &'a mut DispatchCache) -> Recorder<'a> {
         Recorder::new(self, Some(cache))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spin_budget;
+    use std::time::Duration;
+
+    #[test]
+    fn waits_spin_on_a_gpu_by_default_and_never_on_the_cpu() {
+        assert_eq!(spin_budget(false, None), Duration::from_micros(2000));
+        assert_eq!(spin_budget(true, None), Duration::ZERO);
+        assert_eq!(spin_budget(true, Some("500")), Duration::from_micros(500), "a setting holds on the CPU too");
+        assert_eq!(spin_budget(false, Some(" 0 ")), Duration::ZERO);
+        assert_eq!(spin_budget(false, Some("lots")), Duration::from_micros(2000), "unreadable: the default");
+        assert_eq!(spin_budget(false, Some("99999999")), Duration::from_secs(1), "capped at a second");
     }
 }
