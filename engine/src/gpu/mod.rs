@@ -554,26 +554,24 @@ impl Gpu {
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
         });
-        // Poll without blocking for a while first (`spin_budget`): the callback runs inside
-        // the poll that sees the copy done.
-        let spin_end = std::time::Instant::now() + self.spin;
-        while std::time::Instant::now() < spin_end {
-            self.poll_once()?;
-            match rx.try_recv() {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) => {
-                    self.check()?;
-                    return Err(Error::Gpu(format!("reading a result back failed: {e}")));
-                }
-                Err(_) => std::hint::spin_loop(),
-            }
+        // Polled first (`spin_budget`) until the callback has run, not until the queue is
+        // empty: the window's frames share the queue.
+        let mut got = None;
+        if !self.spin_until(|_| {
+            got = rx.try_recv().ok();
+            got.is_some()
+        })? {
+            self.wait_blocking()?;
         }
-        self.wait_blocking()?;
         // Another thread sharing the device may be the one whose poll runs our callback, a
         // moment after our own wait returned: keep polling briefly until it arrives.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
-            match rx.recv_timeout(std::time::Duration::from_millis(2)) {
+            let r = match got.take() {
+                Some(r) => Ok(r),
+                None => rx.recv_timeout(std::time::Duration::from_millis(2)),
+            };
+            match r {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(e)) => {
                     self.check()?;
@@ -594,14 +592,23 @@ impl Gpu {
     /// Wait until all submitted work is done (polling first for `spin_budget`, then
     /// blocking); report faults.
     pub fn wait(&self) -> Result<()> {
-        let spin_end = std::time::Instant::now() + self.spin;
-        while std::time::Instant::now() < spin_end {
-            if self.poll_once()? {
-                return self.check();
+        if self.spin_until(|idle| idle)? {
+            return self.check();
+        }
+        self.wait_blocking()
+    }
+
+    /// Poll without blocking until `done` (given whether the queue is idle) holds or the
+    /// spin budget is spent: whether it held.
+    fn spin_until(&self, mut done: impl FnMut(bool) -> bool) -> Result<bool> {
+        let end = std::time::Instant::now() + self.spin;
+        while std::time::Instant::now() < end {
+            if done(self.poll_once()?) {
+                return Ok(true);
             }
             std::hint::spin_loop();
         }
-        self.wait_blocking()
+        Ok(false)
     }
 
     /// One poll that does not block: whether no submission is in flight any more.
