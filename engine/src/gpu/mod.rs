@@ -98,8 +98,9 @@ pub struct Gpu {
     profiling_paused: std::sync::atomic::AtomicBool,
     /// Every kernel compiled, kept where the device was opened with compiler statistics.
     sources: Option<Mutex<Vec<pipeline_stats::KernelSource>>>,
-    /// How long a wait for the GPU polls without blocking before it blocks (`spin_budget`).
-    spin: std::time::Duration,
+    /// How long a wait for the GPU polls without blocking before it blocks, in µs
+    /// (`spin_budget`; `set_spin_wait`).
+    spin_us: std::sync::atomic::AtomicU64,
 }
 
 /// How long a wait for the GPU first polls the fence without blocking, on a GPU that is not
@@ -312,7 +313,7 @@ impl Gpu {
             arena_pool: Mutex::new(Vec::new()),
             profiling_paused: std::sync::atomic::AtomicBool::new(false),
             sources: None,
-            spin,
+            spin_us: std::sync::atomic::AtomicU64::new(spin.as_micros() as u64),
         }
     }
 
@@ -324,7 +325,12 @@ impl Gpu {
 
     /// How long a wait for the GPU polls before it blocks (`VERBATIM_SPIN_WAIT_US`).
     pub fn spin_wait(&self) -> std::time::Duration {
-        self.spin
+        std::time::Duration::from_micros(self.spin_us.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Set how long a wait polls before it blocks (zero: it blocks at once).
+    pub fn set_spin_wait(&self, d: std::time::Duration) {
+        self.spin_us.store(d.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether dispatches are timed now (profiling asked for, supported and not paused).
@@ -601,7 +607,7 @@ impl Gpu {
     /// Poll without blocking until `done` (given whether the queue is idle) holds or the
     /// spin budget is spent: whether it held.
     fn spin_until(&self, mut done: impl FnMut(bool) -> bool) -> Result<bool> {
-        let end = std::time::Instant::now() + self.spin;
+        let end = std::time::Instant::now() + self.spin_wait();
         while std::time::Instant::now() < end {
             if done(self.poll_once()?) {
                 return Ok(true);
@@ -650,6 +656,25 @@ impl Gpu {
 mod tests {
     use super::spin_budget;
     use std::time::Duration;
+
+    /// Reads and waits through the polling path (forced on, even on lavapipe) return what
+    /// the GPU wrote: the map callback caught while polling is not lost.
+    #[test]
+    fn polling_waits_read_back_what_the_gpu_wrote() {
+        let gpu = crate::testgpu::gpu_arc();
+        let mut rng = crate::testgpu::rng("polling_waits_read_back_what_the_gpu_wrote");
+        let data: Vec<u32> = (0..1027).map(|_| rand::Rng::random::<u32>(&mut rng) | 1).collect();
+        let buf = gpu.buffer("spin test", 4 * data.len() as u64).unwrap();
+        gpu.fill_u32(&buf, crate::testgpu::NAN_BITS);
+        let before = gpu.spin_wait();
+        gpu.set_spin_wait(Duration::from_secs(1));
+        gpu.write(&buf, 0, bytemuck::cast_slice(&data));
+        let got = gpu.read_u32(&buf, 0, data.len());
+        let waited = gpu.wait();
+        gpu.set_spin_wait(before);
+        assert_eq!(got.unwrap(), data);
+        waited.unwrap();
+    }
 
     #[test]
     fn waits_spin_on_a_gpu_by_default_and_never_on_the_cpu() {
