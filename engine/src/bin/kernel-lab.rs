@@ -1402,6 +1402,116 @@ fn rel_check(got: &[f32], want: &[f32]) -> String {
     }
 }
 
+/// gemm_planes.wgsl (any tile) with each slice's words loaded two slices ahead: the K loop
+/// unrolled by two over two register sets, so a set's loads have two slices' products to
+/// land in instead of one. K must be a multiple of 2 CK (every lab shape is).
+fn planes_prefetch2(src: &str) -> LabResult<String> {
+    let head = "    for (var k0 = 0u; k0 < p.k; k0 += CK) {\n";
+    let tail = "    let cb = sg * 16u * CS_STRIDE;";
+    let mma_head = "        for (var kk = 0u; kk < CK; kk += 16u) {";
+    let (a, b) = (src.find(head).ok_or("pf2: no K loop")?, src.find(tail).ok_or("pf2: no epilogue")?);
+    let body = &src[a..b];
+    let mma_at = body.find(mma_head).ok_or("pf2: no products")?;
+    // The products' loop, through the K loop's closing brace (dropped).
+    let mma = body[mma_at..].trim_end().strip_suffix('}').ok_or("pf2: K loop not closed")?;
+    let set = |h: &str, l: &str, wv: &str, at: &str| {
+        format!(
+            "for (var i = 0u; i < NX; i++) {{\n                {h}[i] = xw(hb, {at}, lid, i);\n                {l}[i] = xw(lb, {at}, lid, i);\n            }}\n            for (var i = 0u; i < NW; i++) {{\n                {wv}[i] = ww(col0, {at}, lid, i);\n            }}"
+        )
+    };
+    let put = |h: &str, l: &str, wv: &str| {
+        format!(
+            "        workgroupBarrier();\n        for (var i = 0u; i < NX; i++) {{\n            put_x({h}[i], {l}[i], lid, i);\n        }}\n        for (var i = 0u; i < NW; i++) {{\n            put_w({wv}[i], lid, i);\n        }}\n        workgroupBarrier();\n"
+        )
+    };
+    let new_loop = format!(
+        "    var h2: array<vec4<f16>, NX>;\n    var l2: array<vec4<f16>, NX>;\n    var wv2: array<vec4<f16>, NW>;\n    if (CK < p.k) {{\n            {}\n    }}\n    for (var k0 = 0u; k0 < p.k; k0 += 2u * CK) {{\n{}        if (k0 + 2u * CK < p.k) {{\n            {}\n        }}\n{}\n{}        if (k0 + 3u * CK < p.k) {{\n            {}\n        }}\n{}\n    }}\n",
+        set("h2", "l2", "wv2", "CK"),
+        put("h", "l", "wv"),
+        set("h", "l", "wv", "k0 + 2u * CK"),
+        mma,
+        put("h2", "l2", "wv2"),
+        set("h2", "l2", "wv2", "k0 + 3u * CK"),
+        mma
+    );
+    let out = format!("{}{}{}", &src[..a], new_loop, &src[b..]);
+    if out.matches("coopMultiplyAdd").count() != 2 * src.matches("coopMultiplyAdd").count() {
+        return Err("pf2: the products were not doubled".into());
+    }
+    Ok(out)
+}
+
+/// gemm_planes.wgsl (any tile) staged through two buffers of workgroup memory in turn: a
+/// slice's words are stored into one while the other's are multiplied, one barrier a slice
+/// instead of two.
+fn planes_double_buffer(src: &str) -> LabResult<String> {
+    let head = "    for (var k0 = 0u; k0 < p.k; k0 += CK) {\n";
+    let tail = "    let cb = sg * 16u * CS_STRIDE;";
+    let mma_head = "        for (var kk = 0u; kk < CK; kk += 16u) {";
+    let (a, b) = (src.find(head).ok_or("db: no K loop")?, src.find(tail).ok_or("db: no epilogue")?);
+    let body = &src[a..b];
+    let mma_at = body.find(mma_head).ok_or("db: no products")?;
+    let mma = body[mma_at..].trim_end().strip_suffix('}').ok_or("db: K loop not closed")?;
+    let mma = mma.replace("&ws[", "&ws[sb * (CK * WS4) + ").replace("&xs_hi[", "&xs_hi[sb * (TM * XS4) + ").replace("&xs_lo[", "&xs_lo[sb * (TM * XS4) + ");
+    let put = "for (var i = 0u; i < NX; i++) {\n            put_x(h[i], l[i], lid, i);\n        }\n        for (var i = 0u; i < NW; i++) {\n            put_w(wv[i], lid, i);\n        }";
+    let load = |at: &str| {
+        format!(
+            "for (var i = 0u; i < NX; i++) {{\n                h[i] = xw(hb, {at}, lid, i);\n                l[i] = xw(lb, {at}, lid, i);\n            }}\n            for (var i = 0u; i < NW; i++) {{\n                wv[i] = ww(col0, {at}, lid, i);\n            }}"
+        )
+    };
+    let new_loop = format!(
+        "    sbuf = 0u;\n        {put}\n    if (CK < p.k) {{\n            {}\n    }}\n    for (var k0 = 0u; k0 < p.k; k0 += CK) {{\n        workgroupBarrier();\n        let sb = (k0 / CK) % 2u;\n        if (k0 + CK < p.k) {{\n            sbuf = 1u - sb;\n        {put}\n            if (k0 + 2u * CK < p.k) {{\n            {}\n            }}\n        }}\n{mma}\n    }}\n",
+        load("CK"),
+        load("k0 + 2u * CK"),
+    );
+    let out = format!("{}{}{}", &src[..a], new_loop, &src[b..]);
+    Ok(engine::kernels::rewrite_source(
+        "double_buffer",
+        &out,
+        &[
+            ("var<workgroup> xs_hi: array<vec4<f16>, TM * XS4>;", "var<private> sbuf: u32;\nvar<workgroup> xs_hi: array<vec4<f16>, 2u * TM * XS4>;"),
+            ("var<workgroup> xs_lo: array<vec4<f16>, TM * XS4>;", "var<workgroup> xs_lo: array<vec4<f16>, 2u * TM * XS4>;"),
+            ("var<workgroup> ws: array<vec4<f16>, CK * WS4>;", "var<workgroup> ws: array<vec4<f16>, 2u * CK * WS4>;"),
+            ("    xs_hi[s] = hi;\n    xs_lo[s] = lo;", "    xs_hi[sbuf * (TM * XS4) + s] = hi;\n    xs_lo[sbuf * (TM * XS4) + s] = lo;"),
+            ("    ws[(e / TN4) * WS4 + e % TN4] = v;", "    ws[sbuf * (CK * WS4) + (e / TN4) * WS4 + e % TN4] = v;"),
+        ],
+    )?)
+}
+
+/// gemm_planes.wgsl (any tile) with one part of its K loop taken away (timing only).
+fn planes_probe(src: &str, what: &str) -> LabResult<String> {
+    let stage = "        workgroupBarrier();\n        for (var i = 0u; i < NX; i++) {\n            put_x(h[i], l[i], lid, i);\n        }\n        for (var i = 0u; i < NW; i++) {\n            put_w(wv[i], lid, i);\n        }\n        workgroupBarrier();\n";
+    let edit: (&str, String) = match what {
+        // A runtime-false condition: the loads stay compiled, never issued.
+        "no_refill" => ("        if (k1 < p.k) {\n", "        if (k1 < p.k && p.flags > 1000000u) {\n".to_string()),
+        "no_stage" => (stage, format!("        workgroupBarrier();\n        if (k0 == 0u) {{\n{}        }}\n        workgroupBarrier();\n", &stage["        workgroupBarrier();\n".len()..stage.len() - "        workgroupBarrier();\n".len()])),
+        "no_barrier" => (stage, stage.replace("        workgroupBarrier();\n", "")),
+        "hi_only" => ("            d00 = coopMultiplyAdd(e0, b0, d00);\n            d01 = coopMultiplyAdd(e0, b1, d01);\n", String::new()),
+        _ => return Err(format!("no probe {what}").into()),
+    };
+    Ok(engine::kernels::rewrite_source(what, src, &[(edit.0, edit.1.as_str())])?)
+}
+
+/// gemm_planes.wgsl (any tile) with K split over `splits` workgroups a tile (grid y =
+/// row tiles x splits, split-major). Each split writes Y as the whole GEMM would: a probe of
+/// what a split-K GEMM's products cost before any reduction, not a GEMM.
+fn planes_split_k(src: &str, splits: u32) -> LabResult<String> {
+    let row0 = format!(
+        "    let tiles_m = p.m_pad / TM;\n    let row0 = (wg.y % tiles_m) * TM;\n    let kb = (wg.y / tiles_m) * (p.k / {splits}u);\n    let ke = kb + p.k / {splits}u;\n"
+    );
+    Ok(engine::kernels::rewrite_source(
+        "split_k",
+        src,
+        &[
+            ("    let row0 = wg.y * TM;\n", &row0),
+            ("        h[i] = xw(hb, 0u, lid, i);\n        l[i] = xw(lb, 0u, lid, i);\n", "        h[i] = xw(hb, kb, lid, i);\n        l[i] = xw(lb, kb, lid, i);\n"),
+            ("        wv[i] = ww(col0, 0u, lid, i);\n", "        wv[i] = ww(col0, kb, lid, i);\n"),
+            ("    for (var k0 = 0u; k0 < p.k; k0 += CK) {\n", "    for (var k0 = kb; k0 < ke; k0 += CK) {\n"),
+            ("        if (k1 < p.k) {\n", "        if (k1 < ke) {\n"),
+        ],
+    )?)
+}
+
 /// The encoder's self-attention (tiny.en: 1500 frames, 6 heads of 64): the tiled kernel,
 /// the register-blocked one that ships (attention_blocked.wgsl, in 1, 2, 4 and 8 key
 /// splits, those above one with attention.wgsl's merge timed beside), and reshapes of the tiled
@@ -1589,7 +1699,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
     // GEMM
     let gemm_ref = gpu.kernel("gemm_f16", engine::kernels::GEMM_SOURCE, &[r, r, r, w])?;
     let gemm_coop = gpu.kernel("gemm_coop", engine::kernels::GEMM_COOP_SOURCE, &[r, r, r, w])?;
-    for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536), (1500, 1152, 384)] {
+    for &(m, n, kk) in &[(1500u32, 1536u32, 384u32), (1500, 384, 1536), (1500, 1152, 384), (1500, 384, 384)] {
         eprintln!("  direct GEMM {m}x{n}x{kk}");
         let m_pad = m.div_ceil(64) * 64;
         let (xb, wb, bb, yb) = gemm_inputs(gpu, m, n, kk, &mut seed)?;
@@ -1660,28 +1770,46 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
         // gemm_planes.wgsl), and the same with the cooperative loads' strides counted in
         // halves instead of vec4s: the check says which count the driver uses.
         // (name, change, source, rows per workgroup)
+        // Probes of the 32-row kernel's slice chain (bench/RESULTS.md 2026-12-05, fifth
+        // session): its next slice's words two slices ahead instead of one; K split over 2 or
+        // 4 workgroups a tile (every split writes the same Y: timing only, no reduction); two
+        // staging buffers with one barrier a slice; and one part of the loop taken away at a
+        // time. On the H100 none of the first three gained (the same, slower, 1.4-1.7x
+        // slower); without refills 21-31 % less, without staging stores 12-17 %, without
+        // barriers or lo products 3-5 %: no one part sets the time.
+        let tm32 = engine::kernels::gemm_planes_narrow_source()?;
         let planes_variants = [
-            ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string(), 64u32),
+            ("gemm_planes", "shipped: X pre-split, staged as vec4<f16> words", GEMM_PLANES.to_string(), 64u32, 1u32),
+            ("gemm_planes.tm32.pf2", "32-row tiles, words loaded two slices ahead (two register sets)", planes_prefetch2(&tm32)?, 32, 1),
+            ("gemm_planes.tm32.split2", "32-row tiles, K over 2 workgroups (timing only)", planes_split_k(&tm32, 2)?, 32, 2),
+            ("gemm_planes.tm32.split4", "32-row tiles, K over 4 workgroups (timing only)", planes_split_k(&tm32, 4)?, 32, 4),
+            ("gemm_planes.tm32.db", "32-row tiles, two staging buffers: one barrier a slice", planes_double_buffer(&tm32)?, 32, 1),
+            ("gemm_planes.tm32.no_refill", "no global loads after the first slice (timing only)", planes_probe(&tm32, "no_refill")?, 32, 1),
+            ("gemm_planes.tm32.no_stage", "no staging stores after the first slice (timing only)", planes_probe(&tm32, "no_stage")?, 32, 1),
+            ("gemm_planes.tm32.no_barrier", "no workgroup barriers in the K loop (timing only)", planes_probe(&tm32, "no_barrier")?, 32, 1),
+            ("gemm_planes.tm32.hi_only", "the hi products only (timing only)", planes_probe(&tm32, "hi_only")?, 32, 1),
             // (256 threads over 128x64 tiles, gemm_planes_wide, was slower and went: RESULTS.md
             // "2026-12-03")
-            ("gemm_planes.tm32", "32-row tiles (the engine's for every GEMM)", engine::kernels::gemm_planes_narrow_source()?, 32),
+            ("gemm_planes.tm32", "32-row tiles (the engine's for every GEMM)", tm32.clone(), 32, 1),
             (
                 "gemm_planes.ck64",
                 "64-deep K slices (twice the words in flight, half the barriers; engine: slower)",
                 engine::kernels::rewrite_source("ck64", GEMM_PLANES, &[("const CK: u32 = 32u;", "const CK: u32 = 64u;")])?,
                 64,
+                1,
             ),
             (
                 "gemm_planes.halves",
                 "the same, cooperative-load strides in halves",
                 engine::kernels::rewrite_source("halves", GEMM_PLANES, &[("const XLD: u32 = XS4;", "const XLD: u32 = XS4 * 4u;"), ("const WLD: u32 = WS4;", "const WLD: u32 = WS4 * 4u;")])?,
                 64,
+                1,
             ),
         ];
-        for (vname, change, vsrc, tile_rows) in &planes_variants {
+        for (vname, change, vsrc, tile_rows, splits) in &planes_variants {
             let label = format!("{vname} {m}x{n}x{kk}");
             // (the planes are padded to 64 rows: 1536 for 1500, also a multiple of 128)
-            let dgrid = [n / 64, m_pad / tile_rows];
+            let dgrid = [n / 64, m_pad / tile_rows * splits];
             let k = match gpu.kernel(static_name(&label), vsrc, &[r, r, r, w]) {
                 Ok(k) => k,
                 Err(e) => {
@@ -1695,7 +1823,7 @@ fn coop_direct_rows(lab: &Lab, attention_only: bool, gemm_only: bool) -> LabResu
             let dbind = lab.bind(&k, &dp, &[&planes, &wb, &bb, &y2]);
             gpu.fill_u32(&y2, 0x7fc0_0000);
             lab.run_once(&k, &dbind, dgrid)?;
-            let c = rel_check(&gpu.read_f32(&y2, 0, (m * n) as usize)?, &want);
+            let c = if *splits == 1 { rel_check(&gpu.read_f32(&y2, 0, (m * n) as usize)?, &want) } else { "timing only".into() };
             let td = timed(&mut rows, &label, change, &k, dbind, dgrid, String::new())?;
             rows.last_mut().unwrap().check = format!("{c}, {}; with split {:.1} µs", tflops(flops, td), (td.best + ts.best) * 1e6);
         }
