@@ -268,15 +268,23 @@ fn bench(args: &Args) -> Result<(), String> {
         }
         Ok(())
     };
-    let mut enc = Vec::new();
-    for _ in 0..batches {
-        let t = Instant::now();
-        let reps = 3;
-        for _ in 0..reps {
-            model.begin_window(&mel).map_err(err)?;
+    // The encoder as shipped (submitted in parts, if on) and recorded whole before one
+    // submission, alternated in one process (the host's speed varies between processes).
+    let parts = model.encoder_parts;
+    let (mut enc, mut enc_whole) = (Vec::new(), Vec::new());
+    for b in 0..batches {
+        for whole in [b % 2 == 1, b % 2 == 0] {
+            model.encoder_parts = parts && !whole;
+            let t = Instant::now();
+            let reps = 3;
+            for _ in 0..reps {
+                model.begin_window(&mel).map_err(err)?;
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            if whole { enc_whole.push(ms) } else { enc.push(ms) }
         }
-        enc.push(t.elapsed().as_secs_f64() * 1e3 / reps as f64);
     }
+    model.encoder_parts = parts;
 
     // Prefill (4 and 64 positions from 0) and forced decode steps.
     let steps = args.steps.min(dims.text_ctx - 4);
@@ -560,7 +568,10 @@ fn bench(args: &Args) -> Result<(), String> {
         println!("| GPU warm-up again before {what}, ms | {:.0} | | {} |", w.elapsed_ms, w.describe("window"));
     }
     let e = stat(&enc);
-    println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, one submit + wait |", e.min, e.spread);
+    let how = if parts { "submitted in parts (after each convolution and the first layer)" } else { "one submission (VERBATIM_ENCODER_EARLY=0)" };
+    println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, {how} + wait |", e.min, e.spread);
+    let ew = stat(&enc_whole);
+    println!("| encoder recorded whole before one submission, ms | {:.3} | {:.2} | the same windows, alternated with the row above |", ew.min, ew.spread);
     let p4 = stat(&pre4);
     let p64 = stat(&pre64);
     println!("| prefill 4 positions, ms/token | {:.3} | {:.2} | |", p4.min, p4.spread);

@@ -252,6 +252,16 @@ impl<'g> Recorder<'g> {
         }
     }
 
+    /// Submit what is recorded so far and go on recording: the GPU starts on it while the
+    /// host records the rest (a pass's dispatches at chosen points rather than counts, as
+    /// `submit_early_at` places them). Nothing while dispatches are timed.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.gpu.timing_dispatches() || self.cmds.is_empty() {
+            return Ok(());
+        }
+        self.submit_recorded()
+    }
+
     /// Upload the parameter bytes not uploaded yet (queued: applied before the next
     /// submission, which is ordered after the earlier ones reading the same arena).
     fn upload_params(&mut self) {

@@ -2064,11 +2064,12 @@ fn dispatch_cache_replays_with_new_parameters() {
     }
 }
 
-/// A recording submitted in parts (`submit_early_at`, as a verify pass is) computes what
-/// one submission does: a chain of dependent copies, replayed from a cache with new
-/// parameters each round, split after 1, 2, or 1 and 3 of its 4 dispatches, after every
-/// one or not at all (each part uploads only the parameters it added; a stale or missing
-/// upload shows as a wrong or NaN row).
+/// A recording submitted in parts (`submit_early_at`, as a verify pass is, or `flush` at
+/// chosen points, as the encoder is) computes what one submission does: a chain of
+/// dependent copies, replayed from a cache with new parameters each round, split after 1,
+/// 2, or 1 and 3 of its 4 dispatches, after every one or not at all, by counts, by flushes
+/// or both (each part uploads only the parameters it added; a stale or missing upload
+/// shows as a wrong or NaN row).
 #[test]
 fn recording_submitted_in_parts_equals_one_submission() {
     let mut r = rng("submit_early");
@@ -2085,20 +2086,34 @@ fn recording_submitted_in_parts_equals_one_submission() {
     let src = rand_vec(&mut r, 40 * 6, 1.0);
     let sb = g.upload_f32("src", &src).unwrap();
     let mut cache = crate::gpu::DispatchCache::default();
-    let splits: [&[usize]; 5] = [&[1], &[2], &[3, 1], &[], &[1, 2, 3, 4]];
-    for (round, (rows, early)) in [3usize, 5, 2, 4, 1].into_iter().zip(splits).enumerate() {
+    // (counts for submit_early_at, dispatches after which to flush)
+    let splits: [(&[usize], &[usize]); 8] = [
+        (&[1], &[]),
+        (&[2], &[]),
+        (&[3, 1], &[]),
+        (&[], &[]),
+        (&[1, 2, 3, 4], &[]),
+        (&[], &[1]),
+        (&[], &[1, 3, 4]),
+        (&[2], &[3]),
+    ];
+    for (round, (rows, (early, flushes))) in [3usize, 5, 2, 4, 1, 6, 3, 2].into_iter().zip(splits).enumerate() {
         let hops: Vec<wgpu::Buffer> = (0..4).map(|_| poisoned(40 * 6)).collect();
         let mut rec = g.recorder_cached(&mut cache);
         rec.submit_early_at(early);
         // src (from row `round`) -> hop 0 -> hop 1 (one row down) -> hop 2 -> hop 3.
-        kern.copy_rows(&mut rec, Rows::at(&sb, round * 6, 6), Rows::new(&hops[0], 6), rows as u32, 6).unwrap();
-        kern.copy_rows(&mut rec, Rows::new(&hops[0], 6), Rows::at(&hops[1], 6, 6), rows as u32, 6).unwrap();
-        kern.copy_rows(&mut rec, Rows::at(&hops[1], 6, 6), Rows::new(&hops[2], 6), rows as u32, 6).unwrap();
-        kern.copy_rows(&mut rec, Rows::new(&hops[2], 6), Rows::new(&hops[3], 6), rows as u32, 6).unwrap();
+        let from = [Rows::at(&sb, round * 6, 6), Rows::new(&hops[0], 6), Rows::at(&hops[1], 6, 6), Rows::new(&hops[2], 6)];
+        let to = [Rows::new(&hops[0], 6), Rows::at(&hops[1], 6, 6), Rows::new(&hops[2], 6), Rows::new(&hops[3], 6)];
+        for (i, (x, y)) in from.into_iter().zip(to).enumerate() {
+            kern.copy_rows(&mut rec, x, y, rows as u32, 6).unwrap();
+            if flushes.contains(&(i + 1)) {
+                rec.flush().unwrap();
+            }
+        }
         rec.submit(None).unwrap();
         let got = g.read_f32(&hops[3], 0, 40 * 6).unwrap();
         for i in 0..rows * 6 {
-            assert_eq!(got[i], src[round * 6 + i], "round {round} (split after {early:?}) at {i}");
+            assert_eq!(got[i], src[round * 6 + i], "round {round} (split after {early:?}, flushed after {flushes:?}) at {i}");
         }
         assert!(got[rows * 6].is_nan(), "round {round}: copied more rows than asked");
     }

@@ -79,6 +79,13 @@ pub const DECODE_PARTS: [&str; 13] = [
 /// dispatch; −0.05 ms a verify pass of 8, bench/RESULTS.md 2026-12-01).
 const EARLY_SUBMIT: &[usize] = &[9];
 
+/// Whether the encoder goes to the GPU in parts (see `GpuWhisper::encode`; on unless
+/// `VERBATIM_ENCODER_EARLY=0`).
+fn encoder_early_submit() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"))
+}
+
 /// Words of the timestamp state (decode::TsState, padded) after the fed tokens.
 const TS_STATE_WORDS: usize = 4;
 
@@ -363,6 +370,9 @@ pub struct GpuWhisper {
     /// `VERBATIM_EARLY_SUBMIT=a,b,..` (or 0) sets it for a run (to compare); `verbatim
     /// bench` times it against one submission.
     pub early_submit: Vec<usize>,
+    /// Whether the encoder goes to the GPU in parts (`encode`): on unless
+    /// `VERBATIM_ENCODER_EARLY=0`; `verbatim bench` times it both ways.
+    pub encoder_parts: bool,
     /// A part of the decoder (one of [`DECODE_PARTS`]) left out of every decode step and
     /// verify pass recorded from now on (`verbatim bench --step-parts`: what the part costs
     /// in the stream). For measuring only: the results are then wrong. A step already
@@ -679,6 +689,7 @@ impl GpuWhisper {
                 .and_then(|v| v.split(',').map(|c| c.trim().parse().ok()).collect::<Option<Vec<usize>>>())
                 .map(|v| v.into_iter().filter(|&c| c > 0).collect())
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
+            encoder_parts: encoder_early_submit(),
             leave_out: None,
             verify_max: verify_max_setting(std::env::var("VERBATIM_VERIFY_MAX").ok().as_deref())?,
             pending: None,
@@ -694,6 +705,16 @@ impl GpuWhisper {
         &self.gpu
     }
 
+    /// Record the encoder over one window and run it. The host records a dispatch in 2-5 µs
+    /// on the lent H100 / H200 machines (38 dispatches for tiny.en, 110 for small.en), so
+    /// the recording goes to the GPU in parts (`Recorder::flush`): after the first
+    /// convolution, after the second and after the first layer, each part submitted while
+    /// the host records the next; from the first layer on the GPU's work (~0.3 ms a tiny.en
+    /// layer) outruns the recording. H200, alternated in one process: small.en 9.37-9.41 ms
+    /// a window against 9.59-9.63 recorded whole; tiny.en within the noise (1.50 / 1.51 /
+    /// 1.54 against 1.49 / 1.52 / 1.59): its recording is short, and each submission costs
+    /// the host and the GPU a little. `encoder_parts` (`VERBATIM_ENCODER_EARLY=0`: off)
+    /// records it whole before one submission, as before 2026-12-05.
     fn encode(&mut self, mel: &[f32]) -> Result<()> {
         let d = self.dims.d_model as u32;
         let a = self.dims.audio_ctx as u32;
@@ -707,6 +728,10 @@ impl GpuWhisper {
         // conv1 reads the mel channel-major [n_mels][frames] and writes time-major [frames][d].
         rec.stage("encoder conv1");
         k.conv_k3_cols(&mut rec, &self.mel, frames, frames, 1, 1, &self.conv1.w, self.conv1_cols, &self.conv1.b, &self.enc_h, gelu)?;
+        let early = self.encoder_parts;
+        if early {
+            rec.flush()?;
+        }
         // x = positions, then x += GELU(conv2(h)) (stride 2: 3000 -> 1500 frames).
         rec.copy(&self.enc_pos, 0, &self.enc_x, 0, (a * d * 4) as u64);
         rec.stage("encoder conv2");
@@ -722,6 +747,9 @@ impl GpuWhisper {
             &self.enc_x,
             Epilogue { gelu: true, accumulate: true },
         )?;
+        if early {
+            rec.flush()?;
+        }
         rec.stage("encoder");
         let acc = Epilogue { gelu: false, accumulate: true };
         let plain = Epilogue::default();
@@ -751,7 +779,7 @@ impl GpuWhisper {
         // to compare on a device): the Q|K|V projection writes the attention's head planes,
         // fc1 the planes fc2 reads; two splits a layer go.
         let epilogue_planes = into_planes && k.gemm_into_planes;
-        for l in &self.enc_layers {
+        for (li, l) in self.enc_layers.iter().enumerate() {
             let args = AttentionArgs {
                 q: Rows::at(&self.enc_qkv, 0, 3 * du),
                 k: Rows::at(&self.enc_qkv, du, 3 * du),
@@ -796,6 +824,9 @@ impl GpuWhisper {
                 norm_linear(&mut rec, &l.ffn_norm, &l.fc1, Rows::new(&self.enc_h, f), gelu, "encoder fc1")?;
                 rec.stage("encoder fc2");
                 k.linear(&mut rec, Rows::new(&self.enc_h, f), a, &l.fc2.w, Some(&l.fc2.b), Rows::new(&self.enc_x, du), acc)?;
+            }
+            if early && li == 0 {
+                rec.flush()?;
             }
             rec.stage("encoder");
         }
