@@ -1402,18 +1402,25 @@ fn rel_check(got: &[f32], want: &[f32]) -> String {
     }
 }
 
+/// Where gemm_planes.wgsl's K loop starts and ends in `src` (byte offsets: from the loop's
+/// head to the epilogue), and its products' loop through the K loop's closing brace
+/// (dropped), for the rewrites below that rebuild the loop around it.
+fn planes_k_loop<'a>(src: &'a str, what: &str) -> LabResult<(usize, usize, &'a str)> {
+    let head = "    for (var k0 = 0u; k0 < p.k; k0 += CK) {\n";
+    let tail = "    let cb = sg * 16u * CS_STRIDE;";
+    let mma_head = "        for (var kk = 0u; kk < CK; kk += 16u) {";
+    let (a, b) = (src.find(head).ok_or(format!("{what}: no K loop"))?, src.find(tail).ok_or(format!("{what}: no epilogue"))?);
+    let body = &src[a..b];
+    let mma_at = body.find(mma_head).ok_or(format!("{what}: no products"))?;
+    let mma = body[mma_at..].trim_end().strip_suffix('}').ok_or(format!("{what}: K loop not closed"))?;
+    Ok((a, b, mma))
+}
+
 /// gemm_planes.wgsl (any tile) with each slice's words loaded two slices ahead: the K loop
 /// unrolled by two over two register sets, so a set's loads have two slices' products to
 /// land in instead of one. K must be a multiple of 2 CK (every lab shape is).
 fn planes_prefetch2(src: &str) -> LabResult<String> {
-    let head = "    for (var k0 = 0u; k0 < p.k; k0 += CK) {\n";
-    let tail = "    let cb = sg * 16u * CS_STRIDE;";
-    let mma_head = "        for (var kk = 0u; kk < CK; kk += 16u) {";
-    let (a, b) = (src.find(head).ok_or("pf2: no K loop")?, src.find(tail).ok_or("pf2: no epilogue")?);
-    let body = &src[a..b];
-    let mma_at = body.find(mma_head).ok_or("pf2: no products")?;
-    // The products' loop, through the K loop's closing brace (dropped).
-    let mma = body[mma_at..].trim_end().strip_suffix('}').ok_or("pf2: K loop not closed")?;
+    let (a, b, mma) = planes_k_loop(src, "pf2")?;
     let set = |h: &str, l: &str, wv: &str, at: &str| {
         format!(
             "for (var i = 0u; i < NX; i++) {{\n                {h}[i] = xw(hb, {at}, lid, i);\n                {l}[i] = xw(lb, {at}, lid, i);\n            }}\n            for (var i = 0u; i < NW; i++) {{\n                {wv}[i] = ww(col0, {at}, lid, i);\n            }}"
@@ -1445,13 +1452,7 @@ fn planes_prefetch2(src: &str) -> LabResult<String> {
 /// slice's words are stored into one while the other's are multiplied, one barrier a slice
 /// instead of two.
 fn planes_double_buffer(src: &str) -> LabResult<String> {
-    let head = "    for (var k0 = 0u; k0 < p.k; k0 += CK) {\n";
-    let tail = "    let cb = sg * 16u * CS_STRIDE;";
-    let mma_head = "        for (var kk = 0u; kk < CK; kk += 16u) {";
-    let (a, b) = (src.find(head).ok_or("db: no K loop")?, src.find(tail).ok_or("db: no epilogue")?);
-    let body = &src[a..b];
-    let mma_at = body.find(mma_head).ok_or("db: no products")?;
-    let mma = body[mma_at..].trim_end().strip_suffix('}').ok_or("db: K loop not closed")?;
+    let (a, b, mma) = planes_k_loop(src, "db")?;
     let mma = mma.replace("&ws[", "&ws[sb * (CK * WS4) + ").replace("&xs_hi[", "&xs_hi[sb * (TM * XS4) + ").replace("&xs_lo[", "&xs_lo[sb * (TM * XS4) + ");
     let put = "for (var i = 0u; i < NX; i++) {\n            put_x(h[i], l[i], lid, i);\n        }\n        for (var i = 0u; i < NW; i++) {\n            put_w(wv[i], lid, i);\n        }";
     let load = |at: &str| {
