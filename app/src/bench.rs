@@ -16,8 +16,9 @@
 //!   the same run (a vec4 copy kernel over two large buffers);
 //! - verify passes of 1..16 positions (speculative decoding's check of k = 0..15 drafts), ms
 //!   per pass, each followed by a rollback of all of them (the state is reused); and a
-//!   single step with none encoded ahead for its position (after a rollback), submitted in
-//!   parts as the decoder runs it against recorded whole;
+//!   single step with none encoded ahead for its position (after a rollback): the step
+//!   encoded ahead for the next position moved back by its parameters (`retarget`), and
+//!   recorded anew, submitted in parts and whole;
 //! - with `--file`, end-to-end time and real-time factor of transcribing it, and a live
 //!   replay: the file's prefixes every 0.5 s re-decoded as live mode does, without drafts
 //!   and with the previous hypothesis as the draft (`--speculative ngram`): decode ms per
@@ -456,20 +457,24 @@ fn bench(args: &Args) -> Result<(), String> {
             verify_ms.push((n, early_submit, v, r, w));
         }
         // A single step with none encoded ahead for its position (after drafts were rolled
-        // back: the live replay's lone steps after a missed draft), submitted in parts as
-        // the decoder runs it and recorded whole, alternated.
+        // back: the live replay's lone steps after a missed draft): the step encoded ahead
+        // for the next position moved back by its parameters (`retarget`), and with that off
+        // recorded anew, submitted in parts as the decoder runs it and recorded whole;
+        // alternated.
+        let retarget = model.retarget;
         for _ in 0..2 {
-            for early_submit in [early.clone(), Vec::new()] {
+            for (early_submit, moved) in [(early.clone(), true), (early.clone(), false), (Vec::new(), false)] {
                 model.early_submit = early_submit.clone();
-                // The rollback drops the step encoded ahead: the next one records anew.
+                model.retarget = moved;
                 let (v, r, w) = timed(&mut model, &mut |m, i| {
                     m.advance(&[text_token(i + 4)], &rules)?;
                     m.rollback(1)
                 })?;
-                fresh_ms.push((early_submit, v, r, w));
+                fresh_ms.push((early_submit, moved, v, r, w));
             }
         }
         model.early_submit = early;
+        model.retarget = retarget;
     }
 
     // Draft models: one `draft` call of k tokens is one submission of k decoder steps of
@@ -615,13 +620,14 @@ fn bench(args: &Args) -> Result<(), String> {
             v.min / d.min
         );
     }
-    for (early, v, r, w) in &fresh_ms {
-        let how = match early.as_slice() {
-            [] => "recorded whole before one submission".to_string(),
-            e => format!("submitted at dispatches {e:?} and the end"),
+    for (early, moved, v, r, w) in &fresh_ms {
+        let how = match (moved, early.as_slice()) {
+            (true, _) => "the step encoded ahead moved back by its parameters (retarget)".to_string(),
+            (false, []) => "recorded whole before one submission".to_string(),
+            (false, e) => format!("submitted at dispatches {e:?} and the end"),
         };
         println!(
-            "| decode step after a rollback (none encoded ahead), {how}, ms | {:.4} | {:.2} | + rollback; host records {r:.4}, waits {w:.4} |",
+            "| decode step after a rollback (none encoded for its position), {how}, ms | {:.4} | {:.2} | + rollback; host records {r:.4}, waits {w:.4} |",
             v.min, v.spread
         );
     }
@@ -741,8 +747,9 @@ fn file_drafts(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
 
 /// Live mode's work on `file`: its prefixes every 0.5 s (from 1 s) transcribed in turn, each
 /// with the previous prefix's tokens as the draft hint (what live mode's recognizer does),
-/// against the same without drafts, and with verify passes cut to 8 positions (their
-/// length before 2026-12-05). Table rows: decode ms per token each way.
+/// against the same without drafts, with steps after a rollback recorded anew (no
+/// `retarget`), and with verify passes cut to 8 positions (their length before
+/// 2026-12-05). Table rows: decode ms per token each way.
 fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<String>, String> {
     use engine::decode::draft::Speculative;
     use engine::decode::whisper::SpecStats;
@@ -753,12 +760,18 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     let mut texts: Vec<Vec<String>> = Vec::new();
     let mut rows = Vec::new();
     let most = tr.verify_max();
-    let mut runs = vec![(Speculative::Off, most), (Speculative::Ngram, most)];
-    if most > 8 {
-        runs.push((Speculative::Ngram, 8));
+    let retarget = tr.retarget();
+    // (drafts, most positions a pass, a step encoded ahead moved back after a rollback)
+    let mut runs = vec![(Speculative::Off, most, retarget), (Speculative::Ngram, most, retarget)];
+    if retarget {
+        runs.push((Speculative::Ngram, most, false));
     }
-    for (spec, verify_max) in runs {
+    if most > 8 {
+        runs.push((Speculative::Ngram, 8, retarget));
+    }
+    for (spec, verify_max, moved) in runs {
         tr.set_verify_max(verify_max).map_err(err)?;
+        tr.set_retarget(moved);
         let mut per_token = Vec::new();
         let mut total = (0usize, SpecStats::default());
         for b in 0..=batches {
@@ -786,7 +799,11 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
         }
         let st = stat(&per_token);
         let (tokens, sp) = total;
-        let passes = if spec == Speculative::Off { String::new() } else { format!(", verify passes of at most {verify_max}") };
+        let passes = match (spec, moved) {
+            (Speculative::Off, _) => String::new(),
+            (_, true) => format!(", verify passes of at most {verify_max}"),
+            (_, false) => format!(", verify passes of at most {verify_max}, steps after a rollback recorded anew"),
+        };
         rows.push(format!(
             "| live replay ({} decodes of 0.5 s steps, {tokens} tokens), drafts {}{passes}: decode ms/token | {:.4} | {:.2} | {} |",
             ends.len(),
@@ -807,6 +824,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
         ));
     }
     tr.set_verify_max(most).map_err(err)?;
+    tr.set_retarget(retarget);
     if texts.iter().any(|t| *t != texts[0]) {
         return Err("the live replay's texts differ with and without drafts: speculative decoding changed the output".into());
     }

@@ -129,6 +129,15 @@ impl Transcriber {
         self.model.set_verify_max(n)
     }
 
+    /// Whether a step encoded ahead is moved back after a rollback (`GpuWhisper::retarget`).
+    pub fn retarget(&self) -> bool {
+        self.model.retarget
+    }
+
+    pub fn set_retarget(&mut self, on: bool) {
+        self.model.retarget = on;
+    }
+
     /// The decoder's weight format (None: f16).
     pub fn quant(&self) -> Option<BlockFormat> {
         self.model.quant()

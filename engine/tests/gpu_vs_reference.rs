@@ -654,19 +654,30 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
             assert_eq!(g.last_logits().unwrap(), single[i].1, "after a verify pass: logits at {i}");
         }
         // Rejected drafts: feed tokens[0] and three wrong ones, keep one, roll two back,
-        // then go on one step at a time: the same scores and logits as never drafting.
-        g.begin_window(&mel).unwrap();
-        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
-        let wrong = [tokens[1], (tokens[2] + 1) % geom.dims.vocab as u32, tokens[0]];
-        let fed = [tokens[0], wrong[0], wrong[1], wrong[2]];
-        let v = g.verify(&fed, &rules[..4]).unwrap();
-        assert_eq!(&v[..2], &[single[0].0, single[1].0], "the agreeing prefix");
-        g.rollback(2).unwrap();
-        for i in 2..tokens.len() {
-            let sc = g.advance(&tokens[i..=i], &rules[i]).unwrap();
-            assert_eq!(sc, single[i].0, "after the rollback: position {i}");
-            assert_eq!(g.last_logits().unwrap(), single[i].1, "after the rollback: logits at {i}");
+        // then go on one step at a time: the same scores and logits as never drafting,
+        // whether the step the pass encoded ahead is moved back to the rolled-back position
+        // by its parameters (`retarget`) or a step is recorded anew.
+        for retarget in [true, false] {
+            g.retarget = retarget;
+            g.begin_window(&mel).unwrap();
+            g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+            let wrong = [tokens[1], (tokens[2] + 1) % geom.dims.vocab as u32, tokens[0]];
+            let fed = [tokens[0], wrong[0], wrong[1], wrong[2]];
+            let v = g.verify(&fed, &rules[..4]).unwrap();
+            assert_eq!(&v[..2], &[single[0].0, single[1].0], "the agreeing prefix");
+            g.rollback(2).unwrap();
+            for i in 2..tokens.len() {
+                let sc = g.advance(&tokens[i..=i], &rules[i]).unwrap();
+                assert_eq!(sc, single[i].0, "after the rollback (retarget {retarget}): position {i}");
+                assert_eq!(g.last_logits().unwrap(), single[i].1, "after the rollback (retarget {retarget}): logits at {i}");
+                // Each step also rolled back and taken again: the step encoded ahead moves
+                // back one position at a time.
+                g.rollback(1).unwrap();
+                let again = g.advance(&tokens[i..=i], &rules[i]).unwrap();
+                assert_eq!(again, single[i].0, "after a rollback of one (retarget {retarget}): position {i}");
+            }
         }
+        g.retarget = true;
         // Bad calls are errors, not panics.
         assert!(g.verify(&[], &[]).is_err());
         assert!(g.verify(&tokens, &rules[..2]).is_err());

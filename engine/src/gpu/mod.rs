@@ -10,7 +10,7 @@ pub mod pipeline_stats;
 mod recorder;
 pub mod warm_up;
 
-pub use recorder::{Cost, DispatchCache, Encoded, KernelStat, Profile, Recorder};
+pub use recorder::{CmdSig, Cost, DispatchCache, Encoded, KernelStat, Profile, Recorder, Signature};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

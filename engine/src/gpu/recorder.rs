@@ -133,6 +133,17 @@ enum Cmd {
     },
 }
 
+/// What a recording does, command by command, for telling whether two recordings differ
+/// in anything but their parameter bytes (`Recorder::signature`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CmdSig {
+    Dispatch { kernel: &'static str, bind: wgpu::BindGroup, groups: [u32; 3], indirect: Option<(wgpu::Buffer, u64)> },
+    Copy { src: wgpu::Buffer, src_off: u64, dst: wgpu::Buffer, dst_off: u64, size: u64 },
+}
+
+/// A recording's commands and where each dispatch's parameters sit (arena, byte offset).
+pub type Signature = (Vec<CmdSig>, Vec<(usize, u64)>);
+
 /// Bind groups and parameter slots kept from one recording to the next. A sequence of
 /// dispatches that repeats with the same buffers (a decode step) then creates no bind
 /// groups after its first recording: dispatch i reuses slot i and, when its kernel and
@@ -260,6 +271,40 @@ impl<'g> Recorder<'g> {
             return Ok(());
         }
         self.submit_recorded()
+    }
+
+    /// The commands recorded so far and their parameter slots: two recordings through one
+    /// `DispatchCache` with equal signatures run the same dispatches on the same bind
+    /// groups and grids, reading their parameters from the same places, so either's
+    /// encoded command buffer computes the other's once the other's parameters are
+    /// uploaded (`upload_only`).
+    pub fn signature(&self) -> Signature {
+        let cmds = self
+            .cmds
+            .iter()
+            .map(|c| match c {
+                Cmd::Dispatch { kernel, bind, groups, indirect, .. } => {
+                    CmdSig::Dispatch { kernel: kernel.name, bind: bind.clone(), groups: *groups, indirect: indirect.clone() }
+                }
+                Cmd::Copy { src, src_off, dst, dst_off, size } => {
+                    CmdSig::Copy { src: src.clone(), src_off: *src_off, dst: dst.clone(), dst_off: *dst_off, size: *size }
+                }
+            })
+            .collect();
+        (cmds, self.slots.clone())
+    }
+
+    /// Queue this recording's parameters (written before the next submission) and drop
+    /// its commands unencoded: another recording with the same signature, encoded and not
+    /// yet submitted, then runs with these parameters. Only with a `DispatchCache` (its
+    /// arenas outlive the recorder); nothing else is uploaded (a gate's grids need the
+    /// commands that read them).
+    pub fn upload_only(mut self) -> Result<()> {
+        if self.cache.is_none() || self.gate.is_some() || !self.grid_writes.is_empty() {
+            return Err(Error::Invalid("upload_only: only a cached recording without gated grids".into()));
+        }
+        self.upload_params();
+        Ok(())
     }
 
     /// Upload the parameter bytes not uploaded yet (queued: applied before the next

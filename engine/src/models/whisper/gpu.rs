@@ -34,7 +34,7 @@ use wgpu::Buffer;
 use super::checkpoint::Checkpoint;
 use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
-use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder};
+use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder, Signature};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
     Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
@@ -139,6 +139,8 @@ struct PendingStep {
     pos0: usize,
     enc: Encoded,
     select_slots: Vec<(Buffer, u64)>,
+    /// What it records (`Recorder::signature`), for `retarget_step`.
+    sig: Signature,
 }
 
 struct Norm {
@@ -373,6 +375,10 @@ pub struct GpuWhisper {
     /// Whether the encoder goes to the GPU in parts (`encode`): on unless
     /// `VERBATIM_ENCODER_EARLY=0`; `verbatim bench` times it both ways.
     pub encoder_parts: bool,
+    /// Whether a step encoded ahead survives a rollback, to be moved to the new position
+    /// by its parameters (`retarget_step`): on unless `VERBATIM_RETARGET=0`; `verbatim
+    /// bench` times the step after a rollback both ways.
+    pub retarget: bool,
     /// A part of the decoder (one of [`DECODE_PARTS`]) left out of every decode step and
     /// verify pass recorded from now on (`verbatim bench --step-parts`: what the part costs
     /// in the stream). For measuring only: the results are then wrong. A step already
@@ -690,6 +696,7 @@ impl GpuWhisper {
                 .map(|v| v.into_iter().filter(|&c| c > 0).collect())
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             encoder_parts: encoder_early_submit(),
+            retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             leave_out: None,
             verify_max: verify_max_setting(std::env::var("VERBATIM_VERIFY_MAX").ok().as_deref())?,
             pending: None,
@@ -910,8 +917,15 @@ impl GpuWhisper {
         // Untimed, a single-token step is encoded while the previous one runs (below) and
         // only its token and selection rules are written now.
         let pipelined = !g.timing_dispatches();
-        match self.pending.take() {
-            Some(p) if pipelined && n == 1 && p.pos0 == pos0 => {
+        // The step encoded ahead, for this position or (after a rollback, `retarget`)
+        // moved here by rewriting its parameters.
+        let ready = match self.pending.take() {
+            Some(p) if pipelined && n == 1 && p.pos0 == pos0 => Some(p),
+            Some(p) if pipelined && n == 1 && self.retarget => self.retarget_step(p, pos0, &sp)?,
+            _ => None,
+        };
+        match ready {
+            Some(p) => {
                 for (buf, off) in &p.select_slots {
                     g.queue.write_buffer(buf, *off, bytemuck::bytes_of(&sp));
                 }
@@ -919,7 +933,7 @@ impl GpuWhisper {
             }
             // No step encoded for this position (a prompt, or a step after drafts were
             // rolled back): recorded now, and submitted in parts like a verify pass.
-            _ => self.record_step_now(n, pos0, &sp)?,
+            None => self.record_step_now(n, pos0, &sp)?,
         }
         let t_submitted = std::time::Instant::now();
         self.encode_step_ahead(pos0 + n, &sp)?;
@@ -1100,7 +1114,29 @@ impl GpuWhisper {
         rec.leave_out(self.leave_out);
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[*sp], false)?;
         let select_slots = rec.last_param_slots(self.kern.select_dispatches());
-        Ok(PendingStep { pos0, enc: rec.encode()?, select_slots })
+        let sig = rec.signature();
+        Ok(PendingStep { pos0, enc: rec.encode()?, select_slots, sig })
+    }
+
+    /// The step encoded ahead (`p`, for another position) made the step at `pos0`: the
+    /// step at `pos0` is recorded again but not encoded, and where it runs the same
+    /// dispatches on the same bind groups and grids from the same parameter slots (equal
+    /// signatures), its parameters are queued over `p`'s, which then computes it (`None`:
+    /// they differ, e.g. a self-attention split more; the caller records the step anew).
+    /// After a rollback the position moves back, and re-encoding a step costs the host
+    /// ~0.07-0.18 ms on the lent machines, two thirds of it wgpu's encoding (RESULTS.md
+    /// 2026-12-05, fifth session), which this skips.
+    fn retarget_step(&mut self, p: PendingStep, pos0: usize, sp: &SelectParams) -> Result<Option<PendingStep>> {
+        let g = self.gpu.clone();
+        let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
+        let mut rec = g.recorder_cached(&mut self.dec_cache);
+        rec.leave_out(self.leave_out);
+        Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, 1, pos0, &[*sp], false)?;
+        if rec.signature() != p.sig {
+            return Ok(None);
+        }
+        rec.upload_only()?;
+        Ok(Some(PendingStep { pos0, ..p }))
     }
 
     /// The same, submitted now: the embedding and the first layer as soon as they are
@@ -1496,9 +1532,12 @@ impl LogitSource for GpuWhisper {
             return Err(Error::Invalid(format!("rollback of {n} positions with {} in the cache", self.kv_len)));
         }
         // The self-attention reads keys below the KV length only: the dropped positions are
-        // overwritten by the next pass. A step encoded ahead was for the old position.
+        // overwritten by the next pass. A step encoded ahead was for the old position: kept
+        // to be moved (`retarget_step`), or dropped.
         self.kv_len -= n;
-        self.pending = None;
+        if !self.retarget {
+            self.pending = None;
+        }
         Ok(())
     }
 
