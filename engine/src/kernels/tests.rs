@@ -2119,6 +2119,28 @@ fn recording_submitted_in_parts_equals_one_submission() {
     }
 }
 
+/// `upload_only` queues a cached recording's parameters for an encoded twin; a recording
+/// without a cache (its arenas go back to the pool with it) is refused, not uploaded into
+/// buffers nothing will read.
+#[test]
+fn upload_only_needs_a_dispatch_cache() {
+    let ga = crate::testgpu::gpu_arc();
+    let g = &*ga;
+    let kern = Kernels::load(g).unwrap();
+    let src = g.upload_f32("src", &[1.0; 12]).unwrap();
+    let dst = g.buffer("dst", 48).unwrap();
+    let mut rec = g.recorder();
+    kern.copy_rows(&mut rec, Rows::new(&src, 6), Rows::new(&dst, 6), 2, 6).unwrap();
+    assert!(rec.upload_only().is_err());
+    let mut cache = crate::gpu::DispatchCache::default();
+    let mut rec = g.recorder_cached(&mut cache);
+    kern.copy_rows(&mut rec, Rows::new(&src, 6), Rows::new(&dst, 6), 2, 6).unwrap();
+    let sig = rec.signature();
+    assert_eq!(sig.0.len(), 1);
+    assert_eq!(sig.1.len(), 1);
+    rec.upload_only().unwrap();
+}
+
 /// gemm_planes.wgsl's tiles: each one it builds has its rows, subgroups, workgroup size and
 /// emit tile rewritten (the source as written is the 64-row kernel); any other tile is
 /// refused, not built wrong.

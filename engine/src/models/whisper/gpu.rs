@@ -79,13 +79,6 @@ pub const DECODE_PARTS: [&str; 13] = [
 /// dispatch; −0.05 ms a verify pass of 8, bench/RESULTS.md 2026-12-01).
 const EARLY_SUBMIT: &[usize] = &[9];
 
-/// Whether the encoder goes to the GPU in parts (see `GpuWhisper::encode`; on unless
-/// `VERBATIM_ENCODER_EARLY=0`).
-fn encoder_early_submit() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"))
-}
-
 /// Words of the timestamp state (decode::TsState, padded) after the fed tokens.
 const TS_STATE_WORDS: usize = 4;
 
@@ -695,7 +688,7 @@ impl GpuWhisper {
                 .and_then(|v| v.split(',').map(|c| c.trim().parse().ok()).collect::<Option<Vec<usize>>>())
                 .map(|v| v.into_iter().filter(|&c| c > 0).collect())
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
-            encoder_parts: encoder_early_submit(),
+            encoder_parts: std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"),
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             leave_out: None,
             verify_max: verify_max_setting(std::env::var("VERBATIM_VERIFY_MAX").ok().as_deref())?,
