@@ -324,13 +324,23 @@ fn bench(args: &Args) -> Result<(), String> {
     // Several steps per readback (greedy_steps: the device picks each next token): ms
     // per token for 4 and for the most steps a submission takes, over about `steps` tokens.
     let mut batched_ms = Vec::new();
+    let mut first_ms = Vec::new();
     if model.max_steps() > 1 {
         rewarm(&mut model, "steps per readback")?;
-        for k in [4, model.max_steps()] {
+        // The most steps a readback also with the batch encoded before the clock (the
+        // host's recording off the path: the GPU's own time for the batch, what a batch
+        // recorded once and replayed would cost), alternated batch by batch with the row
+        // above so both see the same clocks.
+        let most = model.max_steps();
+        for (k, first) in [(4, false), (most, false), (most, true)] {
             let calls = (steps / k).max(1);
             let mut v = Vec::new();
             let mut split = (f64::INFINITY, 0.0, 0.0);
             for b in 0..=batches {
+                if first {
+                    // Alternate: the row recorded as shipped once more, then this one.
+                    break;
+                }
                 model.host_times = (0.0, 0.0, 0);
                 model.begin_window(&mel).map_err(err)?;
                 model.advance(&prompt4, &rules).map_err(err)?;
@@ -352,6 +362,38 @@ fn bench(args: &Args) -> Result<(), String> {
                     }
                     v.push(ms);
                 }
+            }
+            if first {
+                let (mut shipped, mut pre) = (Vec::new(), Vec::new());
+                for b in 0..=batches {
+                    for enc_first in [false, true] {
+                        model.batch_encoded_first = enc_first;
+                        model.host_times = (0.0, 0.0, 0);
+                        model.begin_window(&mel).map_err(err)?;
+                        model.advance(&prompt4, &rules).map_err(err)?;
+                        let mut next = text_token(4);
+                        let t = Instant::now();
+                        for _ in 0..calls {
+                            let step = engine::decode::Step { rules, check_ts_over_text: false };
+                            let out = model.greedy_steps(next, k, &step, None).map_err(err)?;
+                            if out.picks.contains(&eot) {
+                                model.batch_encoded_first = false;
+                                return Err("a timed batch picked end-of-text (its later steps ran empty)".into());
+                            }
+                            next = *out.picks.last().expect("k picks");
+                        }
+                        let all = t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64;
+                        let (rs, ws, _) = model.host_times;
+                        // Encoded first: from the first submission to the last readback.
+                        let ms = if enc_first { (rs + ws) * 1e3 / (calls * k) as f64 } else { all };
+                        if b > 0 {
+                            if enc_first { pre.push(ms) } else { shipped.push(ms) }
+                        }
+                    }
+                }
+                model.batch_encoded_first = false;
+                first_ms.push((k, calls * k, stat(&shipped), stat(&pre)));
+                continue;
             }
             batched_ms.push((k, calls * k, stat(&v), split));
         }
@@ -419,7 +461,14 @@ fn bench(args: &Args) -> Result<(), String> {
         // positions also recorded whole before one submission, to see what that hides.
         rewarm(&mut model, "verify passes")?;
         let early = model.early_submit.clone();
-        let runs = (1..=model.max_verify()).map(|n| (n, early.clone())).chain([(model.max_verify(), Vec::new())]);
+        // Each n encoded through wgpu as the decoder did before replays, then replayed (where
+        // the device allows it), alternated; the most positions also recorded whole.
+        let replays = model.gpu().replay_available() && model.replay_passes;
+        let replay_before = model.replay_passes;
+        let runs = (1..=model.max_verify())
+            .flat_map(|n| [(n, early.clone(), false), (n, Vec::new(), true)])
+            .filter(|&(_, _, r)| !r || replays)
+            .chain([(model.max_verify(), Vec::new(), false)]);
         // 16 calls of `call` per batch, each batch in a fresh window after the 4-token
         // prompt (batch 0 a warm-up): ms per call, and the host's record / wait split of the
         // fastest batch.
@@ -446,16 +495,18 @@ fn bench(args: &Args) -> Result<(), String> {
             }
             Ok::<_, String>((stat(&v), split.1, split.2))
         };
-        for (n, early_submit) in runs {
+        for (n, early_submit, replay) in runs {
             model.early_submit = early_submit.clone();
+            model.replay_passes = replay;
             let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
             let rules_n = vec![rules; n];
             let (v, r, w) = timed(&mut model, &mut |m, _| {
                 m.verify(&tokens, &rules_n)?;
                 m.rollback(n)
             })?;
-            verify_ms.push((n, early_submit, v, r, w));
+            verify_ms.push((n, early_submit, replay, v, r, w));
         }
+        model.replay_passes = replay_before;
         // A single step with none encoded ahead for its position (after drafts were rolled
         // back: the live replay's lone steps after a missed draft): the step encoded ahead
         // for the next position moved back by its parameters (`retarget`), and with that off
@@ -597,6 +648,12 @@ fn bench(args: &Args) -> Result<(), String> {
             v.min, v.spread
         );
     }
+    for (k, n, shipped, pre) in &first_ms {
+        println!(
+            "| decode, ms/token, {k} steps per readback ({n} steps), each batch encoded before its clock | {:.4} | {:.2} | the GPU's own time for a batch (the host's recording off the path); recorded as shipped in the same batches: {:.4} ({:.2}) |",
+            pre.min, pre.spread, shipped.min, shipped.spread
+        );
+    }
     if let Some((_, _, _, all)) = parts_ms.first() {
         for (part, k, per_step, v) in &parts_ms[1..] {
             println!(
@@ -607,10 +664,11 @@ fn bench(args: &Args) -> Result<(), String> {
             );
         }
     }
-    for (n, early, v, r, w) in &verify_ms {
-        let how = match early.as_slice() {
-            [] => ", recorded whole before one submission".to_string(),
-            e => format!(", submitted at dispatches {e:?} and the end"),
+    for (n, early, replay, v, r, w) in &verify_ms {
+        let how = match (replay, early.as_slice()) {
+            (true, _) => ", replayed (a raw Vulkan command buffer built once, its parameters uploaded by a prologue)".to_string(),
+            (false, []) => ", recorded whole before one submission".to_string(),
+            (false, e) => format!(", submitted at dispatches {e:?} and the end"),
         };
         println!(
             "| verify pass, {n} positions (k = {} drafts){how}, ms | {:.4} | {:.2} | {:.2}x a decode step; + rollback; host records {r:.4}, waits {w:.4} |",
@@ -761,17 +819,25 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     let mut rows = Vec::new();
     let most = tr.verify_max();
     let retarget = tr.retarget();
-    // (drafts, most positions a pass, a step encoded ahead moved back after a rollback)
-    let mut runs = vec![(Speculative::Off, most, retarget), (Speculative::Ngram, most, retarget)];
+    let replay = tr.replay_passes() && tr.gpu().replay_available();
+    let replay_before = tr.replay_passes();
+    // (drafts, most positions a pass, a step encoded ahead moved back after a rollback,
+    // verify passes replayed)
+    let mut runs = vec![(Speculative::Off, most, retarget, replay), (Speculative::Ngram, most, retarget, replay)];
+    if replay {
+        runs.push((Speculative::Ngram, most, retarget, false));
+        runs.push((Speculative::Ngram, most, retarget, true));
+    }
     if retarget {
-        runs.push((Speculative::Ngram, most, false));
+        runs.push((Speculative::Ngram, most, false, replay));
     }
     if most > 8 {
-        runs.push((Speculative::Ngram, 8, retarget));
+        runs.push((Speculative::Ngram, 8, retarget, replay));
     }
-    for (spec, verify_max, moved) in runs {
+    for (spec, verify_max, moved, replayed) in runs {
         tr.set_verify_max(verify_max).map_err(err)?;
         tr.set_retarget(moved);
+        tr.set_replay_passes(replayed);
         let mut per_token = Vec::new();
         let mut total = (0usize, SpecStats::default());
         for b in 0..=batches {
@@ -799,11 +865,14 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
         }
         let st = stat(&per_token);
         let (tokens, sp) = total;
-        let passes = match (spec, moved) {
+        let mut passes = match (spec, moved) {
             (Speculative::Off, _) => String::new(),
             (_, true) => format!(", verify passes of at most {verify_max}"),
             (_, false) => format!(", verify passes of at most {verify_max}, steps after a rollback recorded anew"),
         };
+        if spec != Speculative::Off {
+            passes += if replayed { ", replayed" } else { ", encoded through wgpu" };
+        }
         rows.push(format!(
             "| live replay ({} decodes of 0.5 s steps, {tokens} tokens), drafts {}{passes}: decode ms/token | {:.4} | {:.2} | {} |",
             ends.len(),
@@ -825,6 +894,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     }
     tr.set_verify_max(most).map_err(err)?;
     tr.set_retarget(retarget);
+    tr.set_replay_passes(replay_before);
     if texts.iter().any(|t| *t != texts[0]) {
         return Err("the live replay's texts differ with and without drafts: speculative decoding changed the output".into());
     }

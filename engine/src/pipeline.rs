@@ -138,6 +138,15 @@ impl Transcriber {
         self.model.retarget = on;
     }
 
+    /// Whether verify passes are replayed where the device allows it (`GpuWhisper::replay_passes`).
+    pub fn replay_passes(&self) -> bool {
+        self.model.replay_passes
+    }
+
+    pub fn set_replay_passes(&mut self, on: bool) {
+        self.model.replay_passes = on;
+    }
+
     /// The decoder's weight format (None: f16).
     pub fn quant(&self) -> Option<BlockFormat> {
         self.model.quant()

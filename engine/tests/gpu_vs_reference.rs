@@ -634,15 +634,29 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
         let single: Vec<(StepScores, Vec<f32>)> =
             tokens.iter().zip(&rules).map(|(t, r)| (g.advance(std::slice::from_ref(t), r).unwrap(), g.last_logits().unwrap())).collect();
         assert_eq!(g.max_verify(), MAX_VERIFY);
-        // A pass of the most positions, one past the prompt GEMV's 8 rows, 8, and fewer.
+        // A pass of the most positions, one past the prompt GEMV's 8 rows, 8, and fewer;
+        // replayed through raw Vulkan (where the device allows it: lavapipe does) and
+        // encoded through wgpu, each length twice (a replay's second run reuses its
+        // program with new parameters; in between, the other way ran the same length).
+        let replays = g.gpu().replay_available();
+        let vulkan = g.gpu().info.backend == "Vulkan" && std::env::var("VERBATIM_REPLAY").map_or(true, |v| v != "0");
+        assert_eq!(replays, vulkan, "replays where the engine opened a Vulkan device itself");
+        let programs = g.gpu().replay_programs();
         for k in [n, 9, 8, 5, 1] {
-            g.begin_window(&mel).unwrap();
-            g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
-            let v = g.verify(&tokens[..k], &rules[..k]).unwrap();
-            for i in 0..k {
-                assert_eq!(v[i], single[i].0, "verify of {k}: position {i} differs from a single step");
+            for replay in [true, false, true, false] {
+                g.replay_passes = replay;
+                g.begin_window(&mel).unwrap();
+                g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+                let v = g.verify(&tokens[..k], &rules[..k]).unwrap();
+                for i in 0..k {
+                    assert_eq!(v[i], single[i].0, "verify of {k} (replayed {replay}): position {i} differs from a single step");
+                }
             }
         }
+        // One program per pass length (their grids differ), built once.
+        let built = g.gpu().replay_programs() - programs;
+        assert_eq!(built, if replays { 5 } else { 0 }, "replay programs built for 5 pass lengths");
+        g.replay_passes = true;
         // Every draft kept, then single steps: the first one runs the step the model
         // encoded while the pass ran (for the position after the pass).
         g.begin_window(&mel).unwrap();

@@ -8,7 +8,16 @@
 
 pub mod pipeline_stats;
 mod recorder;
+#[cfg(not(target_vendor = "apple"))]
+mod replay;
 pub mod warm_up;
+
+#[cfg(not(target_vendor = "apple"))]
+pub use replay::Ticket;
+/// A replayed submission in flight (no replays without Vulkan).
+#[cfg(target_vendor = "apple")]
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket;
 
 pub use recorder::{CmdSig, Cost, DispatchCache, Encoded, KernelStat, Profile, Recorder, Signature};
 
@@ -48,6 +57,10 @@ pub struct Kernel {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
     pub bindings: Vec<Access>,
+    /// What it was compiled from, for compiling it again outside wgpu (a replay).
+    pub(crate) source: Arc<str>,
+    pub(crate) entry: String,
+    pub(crate) immediate_size: u32,
 }
 
 /// Shared state the wgpu callbacks write into.
@@ -84,6 +97,13 @@ impl GpuInfo {
 }
 
 pub struct Gpu {
+    /// Recordings replayed through raw Vulkan (`replay.rs`), made on first use; declared
+    /// first so it is dropped (and its objects destroyed) before the device.
+    #[cfg(not(target_vendor = "apple"))]
+    replayer: Mutex<Option<replay::Replayer>>,
+    /// Whether replays may run here: a Vulkan device the engine opened itself (the queue
+    /// is ours alone), unless `VERBATIM_REPLAY=0`.
+    replay_ok: bool,
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: GpuInfo,
@@ -258,6 +278,9 @@ impl Gpu {
                 .map_err(|e| Error::NoAdapter(format!("{} refused a device: {e}", adapter.get_info().name)))?
         };
         let mut gpu = Gpu::from_parts(device, queue, &adapter, opts.profile);
+        gpu.replay_ok = cfg!(not(target_vendor = "apple"))
+            && adapter.get_info().backend == wgpu::Backend::Vulkan
+            && std::env::var("VERBATIM_REPLAY").map_or(true, |v| v != "0");
         if opts.pipeline_stats {
             gpu.sources = Some(Mutex::new(Vec::new()));
         }
@@ -304,6 +327,9 @@ impl Gpu {
         let profiling = profile && info.timestamps;
         let spin = spin_budget(info.is_cpu(), std::env::var("VERBATIM_SPIN_WAIT_US").ok().as_deref());
         Gpu {
+            #[cfg(not(target_vendor = "apple"))]
+            replayer: Mutex::new(None),
+            replay_ok: false,
             device,
             queue,
             info,
@@ -430,7 +456,15 @@ impl Gpu {
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Gpu(format!("kernel {name} failed to compile: {e}")));
         }
-        let k = Arc::new(Kernel { name, pipeline, layout, bindings: bindings.to_vec() });
+        let k = Arc::new(Kernel {
+            name,
+            pipeline,
+            layout,
+            bindings: bindings.to_vec(),
+            source: source.into(),
+            entry: entry.to_string(),
+            immediate_size,
+        });
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(name, k.clone());
         if let Some(s) = &self.sources {
             s.lock().unwrap_or_else(|p| p.into_inner()).push(pipeline_stats::KernelSource {
@@ -606,6 +640,52 @@ impl Gpu {
 
     /// Poll without blocking until `done` (given whether the queue is idle) holds or the
     /// spin budget is spent: whether it held.
+    /// Whether recordings can be replayed here (`Recorder::replay`): a Vulkan device the
+    /// engine opened itself, not `VERBATIM_REPLAY=0`, no per-dispatch timestamps.
+    pub fn replay_available(&self) -> bool {
+        self.replay_ok && !self.timing_dispatches()
+    }
+
+    /// Run `f` on the replayer, made on first use.
+    #[cfg(not(target_vendor = "apple"))]
+    pub(crate) fn with_replayer<T>(&self, f: impl FnOnce(&mut replay::Replayer) -> Result<T>) -> Result<T> {
+        if !self.replay_ok {
+            return Err(Error::Unsupported("replays need a Vulkan device the engine opened itself".into()));
+        }
+        let mut g = self.replayer.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(replay::Replayer::new(&self.device, self.info.shader_checks)?);
+        }
+        match g.as_mut() {
+            Some(r) => f(r),
+            None => Err(Error::Unsupported("no replayer".into())),
+        }
+    }
+
+    /// Wait for a replayed submission (polled for `spin_budget`, then blocking).
+    pub fn replay_wait(&self, t: Ticket) -> Result<()> {
+        #[cfg(not(target_vendor = "apple"))]
+        {
+            let spin = self.spin_wait();
+            self.with_replayer(|r| r.wait(t, spin))
+        }
+        #[cfg(target_vendor = "apple")]
+        {
+            let _ = t;
+            Err(Error::Unsupported("replays need Vulkan".into()))
+        }
+    }
+
+    /// Programs the replayer has built (0 before its first use).
+    pub fn replay_programs(&self) -> usize {
+        #[cfg(not(target_vendor = "apple"))]
+        {
+            self.replayer.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map_or(0, |r| r.programs())
+        }
+        #[cfg(target_vendor = "apple")]
+        0
+    }
+
     fn spin_until(&self, mut done: impl FnMut(bool) -> bool) -> Result<bool> {
         let end = std::time::Instant::now() + self.spin_wait();
         while std::time::Instant::now() < end {

@@ -15,7 +15,7 @@
 
 use super::Access;
 #[cfg(not(target_vendor = "apple"))]
-pub(super) use vulkan::{open_device, report};
+pub(super) use vulkan::{open_device, report, spirv};
 
 /// A kernel as `Gpu::kernel_entry_with` compiled it: enough to compile it again.
 #[derive(Clone, Debug)]
@@ -129,8 +129,9 @@ mod vulkan {
     /// The SPIR-V wgpu-hal writes for `src` on a device of Vulkan `api_version`: naga's options as
     /// wgpu-hal builds them, with `Gpu::kernel_entry`'s runtime checks (`checks`). Capabilities
     /// are left open (wgpu lists what the device offers; a kernel that compiled there needs no
-    /// more).
-    fn spirv(src: &KernelSource, api_version: u32, checks: bool) -> Result<Vec<u32>> {
+    /// more). Workgroup memory is zeroed natively (`native_zero`, where the device enables
+    /// the feature, as wgpu-hal does) or by naga's polyfill.
+    pub(in crate::gpu) fn spirv(src: &KernelSource, api_version: u32, checks: bool, native_zero: bool) -> Result<Vec<u32>> {
         use naga::back::spv;
         let bad = |what: &str, e: String| Error::Gpu(format!("kernel {} ({}): {what}: {e}", src.name, src.entry));
         let module = naga::front::wgsl::parse_str(&src.source).map_err(|e| bad("WGSL", e.emit_to_string(&src.source)))?;
@@ -146,8 +147,14 @@ mod vulkan {
                 (1, 3)
             },
             capabilities: None,
-            zero_initialize_workgroup_memory: spv::ZeroInitializeWorkgroupMemoryMode::Native,
+            zero_initialize_workgroup_memory: if native_zero {
+                spv::ZeroInitializeWorkgroupMemoryMode::Native
+            } else {
+                spv::ZeroInitializeWorkgroupMemoryMode::Polyfill
+            },
             force_loop_bounding: checks,
+            // wgpu's unchecked modules divide without the zero-divisor wrappers.
+            emit_int_div_checks: checks,
             ..Default::default()
         };
         let unchecked = naga::proc::BoundsCheckPolicy::Unchecked;
@@ -172,7 +179,7 @@ mod vulkan {
         let instance = hal.shared_instance().raw_instance();
         // SAFETY: as above; the physical device is the device's own.
         let api_version = unsafe { instance.get_physical_device_properties(hal.raw_physical_device()) }.api_version;
-        let words = spirv(src, api_version, checks)?;
+        let words = spirv(src, api_version, checks, true)?;
         let ext = ash::khr::pipeline_executable_properties::Device::new(instance, raw);
         let vk_err = |what: &str, e: vk::Result| Error::Gpu(format!("kernel {} ({}): {what}: {e}", src.name, src.entry));
 

@@ -135,7 +135,7 @@ enum Cmd {
 
 /// What a recording does, command by command, for telling whether two recordings differ
 /// in anything but their parameter bytes (`Recorder::signature`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum CmdSig {
     Dispatch { kernel: &'static str, bind: wgpu::BindGroup, groups: [u32; 3], indirect: Option<(wgpu::Buffer, u64)> },
     Copy { src: wgpu::Buffer, src_off: u64, dst: wgpu::Buffer, dst_off: u64, size: u64 },
@@ -305,6 +305,82 @@ impl<'g> Recorder<'g> {
         }
         self.upload_params();
         Ok(())
+    }
+
+    /// Submit this recording as a replay (`replay.rs`): a raw Vulkan command buffer built on
+    /// the first recording with this signature and submitted again after a prologue that
+    /// uploads the parameters, the gated grids and `writes` (buffer, byte offset, bytes:
+    /// what wgpu's `write_buffer` would otherwise carry, which a replay would not see). Only
+    /// a whole recording through a `DispatchCache` (its arenas and bind groups are the
+    /// program's), nothing left out or submitted early, on a device with
+    /// `Gpu::replay_available`. Wait with `Gpu::replay_wait` before reading results.
+    pub fn replay(self, writes: &[(&wgpu::Buffer, u64, &[u8])], profile: Option<&mut Profile>) -> Result<super::Ticket> {
+        if !self.gpu.replay_available() {
+            return Err(Error::Unsupported("replays need a Vulkan device the engine opened itself, untimed".into()));
+        }
+        if self.cache.is_none() || self.leave_out.is_some() || !self.submitted.is_empty() || self.written.iter().any(|&w| w > 0) {
+            return Err(Error::Invalid("replay: only a whole cached recording with nothing left out or submitted".into()));
+        }
+        #[cfg(target_vendor = "apple")]
+        {
+            let _ = (writes, profile);
+            Err(Error::Unsupported("replays need Vulkan".into()))
+        }
+        #[cfg(not(target_vendor = "apple"))]
+        {
+            let sig = self.signature();
+            let mut all: Vec<(&wgpu::Buffer, u64, &[u8])> = Vec::with_capacity(writes.len() + self.arenas.len() + self.grid_writes.len());
+            for (buf, off, words) in &self.grid_writes {
+                all.push((buf, *off, bytemuck::cast_slice(words)));
+            }
+            for (buf, data, _) in &self.arenas {
+                all.push((buf, 0, &data[..]));
+            }
+            all.extend_from_slice(writes);
+            let ticket = super::replay::submit_recording(self.gpu, sig, || self.program_cmds(), &all)?;
+            self.gpu.check()?;
+            if let Some(profile) = profile {
+                for c in &self.cmds {
+                    if let Cmd::Dispatch { kernel, stage, cost, .. } = c {
+                        profile.add(kernel.name, stage, *cost, 0.0);
+                    }
+                }
+            }
+            Ok(ticket)
+        }
+    }
+
+    /// The recording's commands with each dispatch's parameter range and buffers (from the
+    /// dispatch cache), for building a replay's program.
+    #[cfg(not(target_vendor = "apple"))]
+    fn program_cmds(&self) -> Result<Vec<super::replay::ProgramCmd>> {
+        use super::replay::ProgramCmd;
+        let cache = self.cache.as_ref().ok_or_else(|| Error::Invalid("replay: no dispatch cache".into()))?;
+        let mut slots = self.slots.iter();
+        let mut out = Vec::with_capacity(self.cmds.len());
+        for c in &self.cmds {
+            out.push(match c {
+                Cmd::Dispatch { kernel, groups, indirect, .. } => {
+                    let &(ai, off) = slots.next().ok_or_else(|| Error::Invalid("replay: a dispatch without a slot".into()))?;
+                    let slot = (ai as u64 * SLOTS_PER_ARENA + off / SLOT) as usize;
+                    let (size, buffers) = match cache.binds.get(slot) {
+                        Some(Some((name, size, bufs, _))) if *name == kernel.name => (*size, bufs.clone()),
+                        _ => return Err(Error::Invalid(format!("replay: kernel {}'s slot has no bind group", kernel.name))),
+                    };
+                    ProgramCmd::Dispatch {
+                        kernel: kernel.clone(),
+                        params: (self.arenas[ai].0.clone(), off, size),
+                        buffers,
+                        groups: *groups,
+                        indirect: indirect.clone(),
+                    }
+                }
+                Cmd::Copy { src, src_off, dst, dst_off, size } => {
+                    ProgramCmd::Copy { src: src.clone(), src_off: *src_off, dst: dst.clone(), dst_off: *dst_off, size: *size }
+                }
+            });
+        }
+        Ok(out)
     }
 
     /// Upload the parameter bytes not uploaded yet (queued: applied before the next

@@ -2227,3 +2227,52 @@ fn coop_sources_are_valid_wgsl() {
         naga::back::spv::write_vec(&module, &info, &opts, None).expect("SPIR-V");
     }
 }
+
+/// A replay (`Recorder::replay`) computes what the recording says: a copy_rows dispatch and
+/// a buffer copy after it, replayed twice with new source rows written by the prologue (the
+/// second time through the program built the first time), outputs poisoned before each;
+/// a recording without a dispatch cache or with a part submitted early is refused.
+#[test]
+fn replay_runs_the_recording_again_with_new_writes() {
+    let ga = crate::testgpu::gpu_arc();
+    let g = &*ga;
+    if !g.replay_available() {
+        return; // not a Vulkan device the engine opened (the window's, or Metal)
+    }
+    let kern = Kernels::load(g).unwrap();
+    let mut rng = rng("replay");
+    // 7 rows of 13 of a stride-13 source; rows 2..7 (5 of them) copied to dst, then dst's
+    // first 11 words copied to `tail` at word 3.
+    let (width, rows) = (13u32, 5u32);
+    let src = g.upload_f32("src", &vec![0.0; 7 * 13]).unwrap();
+    let dst = g.buffer("dst", 4 * 5 * 13).unwrap();
+    let tail = g.buffer("tail", 4 * 16).unwrap();
+    let mut cache = crate::gpu::DispatchCache::default();
+    let before = g.replay_programs();
+    for round in 0..2 {
+        let data: Vec<f32> = (0..7 * 13).map(|_| rng.random_range(0.5f32..2.0) * if rng.random_bool(0.5) { -1.0 } else { 1.0 }).collect();
+        g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; 5 * 13]));
+        g.write(&tail, 0, bytemuck::cast_slice(&vec![f32::NAN; 16]));
+        // Queued writes land with wgpu's next submission, which a replay is not.
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+        let mut rec = g.recorder_cached(&mut cache);
+        kern.copy_rows(&mut rec, Rows::at(&src, 2 * 13, 13), Rows::new(&dst, 13), rows, width).unwrap();
+        rec.copy(&dst, 0, &tail, 12, 44);
+        let t = rec.replay(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap();
+        g.replay_wait(t).unwrap();
+        let got = g.read_f32(&dst, 0, 5 * 13).unwrap();
+        assert_eq!(got, data[2 * 13..7 * 13].to_vec(), "round {round}: the copied rows");
+        let got_tail = g.read_f32(&tail, 3, 11).unwrap();
+        assert_eq!(got_tail, data[2 * 13..2 * 13 + 11].to_vec(), "round {round}: the buffer copy after the dispatch");
+    }
+    assert_eq!(g.replay_programs() - before, 1, "one program for one signature");
+    let mut rec = g.recorder();
+    kern.copy_rows(&mut rec, Rows::new(&src, 13), Rows::new(&dst, 13), rows, width).unwrap();
+    assert!(rec.replay(&[], None).is_err(), "a recording without a dispatch cache");
+    let mut rec = g.recorder_cached(&mut cache);
+    kern.copy_rows(&mut rec, Rows::new(&src, 13), Rows::new(&dst, 13), rows, width).unwrap();
+    rec.flush().unwrap();
+    kern.copy_rows(&mut rec, Rows::new(&src, 13), Rows::new(&dst, 13), rows, width).unwrap();
+    assert!(rec.replay(&[], None).is_err(), "a recording with a part submitted early");
+}

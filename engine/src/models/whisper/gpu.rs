@@ -34,7 +34,7 @@ use wgpu::Buffer;
 use super::checkpoint::Checkpoint;
 use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
-use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder, Signature};
+use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder, Signature, Ticket};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
     Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
@@ -372,6 +372,15 @@ pub struct GpuWhisper {
     /// by its parameters (`retarget_step`): on unless `VERBATIM_RETARGET=0`; `verbatim
     /// bench` times the step after a rollback both ways.
     pub retarget: bool,
+    /// For measuring only (`verbatim bench`): a batch of steps (`greedy_steps`) is recorded
+    /// and encoded whole before its clock starts, so `host_times` holds only its submission
+    /// and wait: what the GPU takes for the batch with the host's recording off the path.
+    pub batch_encoded_first: bool,
+    /// Whether verify passes are replayed (`Recorder::replay`: a raw Vulkan command buffer
+    /// per distinct pass, submitted again after a prologue with its parameters and tokens)
+    /// where the device allows it (`Gpu::replay_available`), instead of encoded through
+    /// wgpu each time: on unless `VERBATIM_REPLAY_PASSES=0`; `verbatim bench` times both.
+    pub replay_passes: bool,
     /// A part of the decoder (one of [`DECODE_PARTS`]) left out of every decode step and
     /// verify pass recorded from now on (`verbatim bench --step-parts`: what the part costs
     /// in the stream). For measuring only: the results are then wrong. A step already
@@ -388,6 +397,8 @@ pub struct GpuWhisper {
     ver_cache: DispatchCache,
     /// So do submissions of several steps.
     steps_cache: DispatchCache,
+    /// And a batch encoded whole before its clock (`batch_encoded_first`).
+    batch_cache: DispatchCache,
     /// The grids of a batch's gated steps (`greedy_positions`): `gate_stride` dispatches'
     /// worth per step, zeroed on the device for the steps after a picked end-of-text.
     step_grids: Buffer,
@@ -690,6 +701,8 @@ impl GpuWhisper {
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             encoder_parts: std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"),
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
+            batch_encoded_first: false,
+            replay_passes: std::env::var("VERBATIM_REPLAY_PASSES").map_or(true, |v| v != "0"),
             leave_out: None,
             verify_max: verify_max_setting(std::env::var("VERBATIM_VERIFY_MAX").ok().as_deref())?,
             pending: None,
@@ -697,6 +710,7 @@ impl GpuWhisper {
             dec_cache: DispatchCache::default(),
             ver_cache: DispatchCache::default(),
             steps_cache: DispatchCache::default(),
+            batch_cache: DispatchCache::default(),
             gpu,
         })
     }
@@ -931,7 +945,7 @@ impl GpuWhisper {
         let t_submitted = std::time::Instant::now();
         self.encode_step_ahead(pos0 + n, &sp)?;
         // (The encoding of the next step, between the two, overlaps the GPU's work.)
-        self.wait_readback(t_record, t_submitted, 1)?;
+        self.wait_readback(t_record, t_submitted, 1, None)?;
         let words = self.read_scores(1)?;
         self.kv_len += n;
         Ok(scores_from_words(&words))
@@ -939,8 +953,17 @@ impl GpuWhisper {
 
     /// Wait until the readback is mapped; the host's time recording (`t_record` to
     /// `t_submitted`) and waiting (from now) go into `host_times`, for `calls` of them.
-    fn wait_readback(&mut self, t_record: std::time::Instant, t_submitted: std::time::Instant, calls: usize) -> Result<()> {
+    fn wait_readback(
+        &mut self,
+        t_record: std::time::Instant,
+        t_submitted: std::time::Instant,
+        calls: usize,
+        replayed: Option<Ticket>,
+    ) -> Result<()> {
         let t_wait = std::time::Instant::now();
+        if let Some(t) = replayed {
+            self.gpu.replay_wait(t)?;
+        }
         self.gpu.map_and_wait(&self.readback)?;
         self.host_times.0 += (t_submitted - t_record).as_secs_f64();
         self.host_times.1 += t_wait.elapsed().as_secs_f64();
@@ -962,7 +985,10 @@ impl GpuWhisper {
         // The single step encoded ahead is for another position now.
         self.pending = None;
         let g = self.gpu.clone();
-        g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        let replay = self.replay_passes && self.leave_out.is_none() && g.replay_available();
+        if !replay {
+            g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        }
         let sps: Vec<SelectParams> = rules
             .iter()
             .enumerate()
@@ -971,15 +997,26 @@ impl GpuWhisper {
         let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
         let mut rec = g.recorder_cached(&mut self.ver_cache);
         rec.leave_out(self.leave_out);
-        rec.submit_early_at(&self.early_submit);
+        if !replay {
+            rec.submit_early_at(&self.early_submit);
+        }
         Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &sps, true)?;
-        rec.submit(Some(&mut self.profile))?;
+        // Replayed, the tokens go with the pass's own prologue (a queued write would land
+        // only with wgpu's next submission).
+        let ticket = match replay {
+            true => Some(rec.replay(&[(&self.tokens, 0, bytemuck::cast_slice(tokens))], Some(&mut self.profile))?),
+            false => {
+                rec.submit(Some(&mut self.profile))?;
+                None
+            }
+        };
         let t_submitted = std::time::Instant::now();
         // While the GPU runs the pass: the single step after it, for when every draft holds
         // and nothing is drafted next (the end of a live hint: the new audio's first token).
         // A rollback drops it; the step then records anew as before.
         self.encode_step_ahead(pos0 + n, &select_params(&rules[n - 1], vocab, self.ts_begin, self.eot, 0))?;
-        self.wait_readback(t_record, t_submitted, 1)?;
+        // A replay: wgpu knows nothing of it, so its fence first, then the readback's map.
+        self.wait_readback(t_record, t_submitted, 1, ticket)?;
         let words = self.read_scores(n)?;
         self.kv_len += n;
         Ok(words.chunks(8).map(scores_from_words).collect())
@@ -1029,13 +1066,16 @@ impl GpuWhisper {
         // drift in later ones; the 20 samples' steps 285 -> 280 ms). The parameter arenas are
         // reused from submission to submission: queue writes are ordered with the
         // submissions around them.
-        let chunks = step_chunks();
+        let first = self.batch_encoded_first && !g.timing_dispatches();
+        let chunks = if first { &[MAX_STEPS][..] } else { step_chunks() };
+        let mut t_record = t_record;
         let mut i = 0;
         let mut c = 0;
         while i < k {
             let end = (i + chunks[c.min(chunks.len() - 1)]).min(k);
             c += 1;
-            let mut rec = g.recorder_cached(&mut self.steps_cache);
+            let cache = if first { &mut self.batch_cache } else { &mut self.steps_cache };
+            let mut rec = g.recorder_cached(cache);
             rec.leave_out(self.leave_out);
             rec.stage("decode");
             for j in i..end {
@@ -1065,10 +1105,16 @@ impl GpuWhisper {
                     rec.copy(&self.select_out, 4 * rules_words as u64, &self.readback, 36 * SCORE_ROWS as u64, 8 * k as u64);
                 }
             }
-            rec.submit(Some(&mut self.profile))?;
+            if first {
+                let enc = rec.encode()?;
+                t_record = std::time::Instant::now();
+                enc.submit(&g, Some(&mut self.profile))?;
+            } else {
+                rec.submit(Some(&mut self.profile))?;
+            }
             i = end;
         }
-        self.wait_readback(t_record, std::time::Instant::now(), k)?;
+        self.wait_readback(t_record, std::time::Instant::now(), k, None)?;
         let (picks_at, rules_at) = (32 * SCORE_ROWS, 36 * SCORE_ROWS);
         let rules_len = if ts.is_some() { 8 * k } else { 0 };
         let mut parts = read_mapped(&self.readback, &[0..k * 32, picks_at..picks_at + 4 * k, rules_at..rules_at + rules_len])?;

@@ -1,0 +1,611 @@
+//! Recordings replayed through raw Vulkan: a command buffer recorded once per distinct
+//! dispatch sequence and submitted again with new parameters.
+//!
+//! Why: wgpu consumes a command buffer on submission, so every verify pass is encoded anew,
+//! and on the lent machines that costs the host 0.1-0.2 ms a tiny.en pass (two thirds of it
+//! wgpu-core's per-dispatch usage tracking, RESULTS.md 2026-12-05 fifth session) while the
+//! GPU waits for most of it. A pass's dispatches, bind groups and grids repeat (the
+//! `Recorder::signature` of a pass depends on its row count and its attention's key splits,
+//! not on its tokens or position): here each distinct signature becomes one Vulkan command
+//! buffer, built on its first use from the same WGSL (compiled again through naga with
+//! wgpu-hal's options, as `pipeline_stats` does) and the same buffers, and each submission
+//! is a small prologue of `vkCmdUpdateBuffer`s (the parameter bytes and the caller's writes)
+//! followed by that buffer. The host then records the pass without encoding it (our own
+//! bookkeeping: kernels, slots, bind groups) and uploads a few KiB.
+//!
+//! Ordering with wgpu's own submissions on the same queue is by submission order and
+//! global barriers: the prologue begins with one from every earlier command (wgpu's too),
+//! the replayed buffer ends with one to every later command and the host. Writes queued
+//! through wgpu (`Queue::write_buffer`) land only with wgpu's next submission, so whatever
+//! a replay must see goes through its own prologue. Only where the engine opened the device
+//! itself (`Gpu::new`): `vkQueueSubmit` needs the queue to itself, and a window drawing
+//! on a borrowed device submits from its own thread.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ash::vk;
+use wgpu::hal::api::Vulkan;
+
+use super::pipeline_stats::{spirv, KernelSource};
+use super::recorder::Signature;
+use super::Kernel;
+use crate::{Error, Result};
+
+/// One command of a program: a dispatch with its parameter range and storage buffers, or a
+/// copy.
+pub(crate) enum ProgramCmd {
+    Dispatch {
+        kernel: Arc<Kernel>,
+        /// The parameter block: arena buffer, byte offset, bytes.
+        params: (wgpu::Buffer, u64, u64),
+        buffers: Vec<wgpu::Buffer>,
+        groups: [u32; 3],
+        indirect: Option<(wgpu::Buffer, u64)>,
+    },
+    Copy { src: wgpu::Buffer, src_off: u64, dst: wgpu::Buffer, dst_off: u64, size: u64 },
+}
+
+/// A submission in flight: wait for it with [`Replayer::wait`].
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket {
+    entry: usize,
+    serial: u64,
+}
+
+struct RawPipeline {
+    module: vk::ShaderModule,
+    set_layout: vk::DescriptorSetLayout,
+    layout: vk::PipelineLayout,
+    pipeline: vk::Pipeline,
+}
+
+struct Program {
+    cmd: vk::CommandBuffer,
+    /// The buffers its descriptors and commands name, kept alive with it.
+    _keep: Vec<wgpu::Buffer>,
+    /// Its last submission, which must finish before it is submitted again.
+    last: Option<Ticket>,
+}
+
+/// A prologue command buffer and the fence of the submission it went with.
+struct Entry {
+    cmd: vk::CommandBuffer,
+    fence: vk::Fence,
+    serial: u64,
+    busy: bool,
+}
+
+/// Prologues in flight at most (each submission takes the next; one still running is
+/// waited for).
+const ENTRIES: usize = 8;
+/// Descriptor sets a pool holds (another pool is made when one is full).
+const SETS_PER_POOL: u32 = 1024;
+/// `vkCmdUpdateBuffer` takes at most this many bytes at a time.
+const UPDATE_MAX: usize = 65536;
+
+pub(crate) struct Replayer {
+    raw: ash::Device,
+    queue: vk::Queue,
+    cmd_pool: vk::CommandPool,
+    desc_pools: Vec<vk::DescriptorPool>,
+    pipelines: HashMap<&'static str, RawPipeline>,
+    programs: HashMap<Signature, Program>,
+    entries: Vec<Entry>,
+    next: usize,
+    serial: u64,
+    api_version: u32,
+    checks: bool,
+    native_zero: bool,
+    subgroups: bool,
+}
+
+fn vk_err(what: &str, e: vk::Result) -> Error {
+    match e {
+        vk::Result::ERROR_DEVICE_LOST => Error::DeviceLost(format!("{what}: {e}")),
+        _ => Error::Gpu(format!("replay: {what}: {e}")),
+    }
+}
+
+/// The raw handle of a wgpu buffer.
+fn raw_buffer(b: &wgpu::Buffer) -> Result<vk::Buffer> {
+    // SAFETY: the handle is only recorded into command buffers and descriptors while the
+    // caller keeps `b` alive (programs keep their buffers).
+    unsafe { b.as_hal::<Vulkan>().map(|h| h.raw_handle()) }
+        .ok_or_else(|| Error::Unsupported("replay: a buffer without a Vulkan handle".into()))
+}
+
+/// Every earlier command's writes before every later command's reads and writes.
+fn full_barrier(raw: &ash::Device, cmd: vk::CommandBuffer, dst_stage: vk::PipelineStageFlags, dst_access: vk::AccessFlags) {
+    let barrier = vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+        .dst_access_mask(dst_access);
+    // SAFETY: `cmd` is in the recording state (callers).
+    unsafe {
+        raw.cmd_pipeline_barrier(
+            cmd,
+            vk::PipelineStageFlags::ALL_COMMANDS,
+            dst_stage,
+            vk::DependencyFlags::empty(),
+            &[barrier],
+            &[],
+            &[],
+        )
+    }
+}
+
+const ALL_ACCESS: vk::AccessFlags = vk::AccessFlags::from_raw(
+    vk::AccessFlags::MEMORY_READ.as_raw() | vk::AccessFlags::MEMORY_WRITE.as_raw(),
+);
+
+impl Replayer {
+    /// A replayer on `device`'s Vulkan device and queue; `Unsupported` where the device is
+    /// not a Vulkan one.
+    pub(crate) fn new(device: &wgpu::Device, checks: bool) -> Result<Replayer> {
+        // SAFETY: the raw device and queue are used for objects of our own (destroyed in
+        // `drop`, which the `Gpu` runs before its device goes) and for submissions ordered
+        // with wgpu's by the queue (see the module's notes).
+        let hal = unsafe { device.as_hal::<Vulkan>() }
+            .ok_or_else(|| Error::Unsupported("replay needs a Vulkan device".into()))?;
+        let raw = hal.raw_device().clone();
+        let queue = hal.raw_queue();
+        let family = hal.queue_family_index();
+        let instance = hal.shared_instance().raw_instance();
+        let phys = hal.raw_physical_device();
+        // SAFETY: queries on the device's own physical device.
+        let api_version = unsafe { instance.get_physical_device_properties(phys) }.api_version;
+        // wgpu zeroes workgroup memory natively where the driver offers it (1.3 or the
+        // extension, and the feature), else by a polyfill; the same here.
+        let has_ext = hal.enabled_device_extensions().contains(&ash::khr::zero_initialize_workgroup_memory::NAME);
+        let native_zero = (api_version >= vk::API_VERSION_1_3 || has_ext) && {
+            let mut zero = vk::PhysicalDeviceZeroInitializeWorkgroupMemoryFeatures::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut zero);
+            // SAFETY: a query with a valid chain.
+            unsafe { instance.get_physical_device_features2(phys, &mut f2) };
+            zero.shader_zero_initialize_workgroup_memory != 0
+        };
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        drop(hal);
+        // SAFETY: a pool on the device's queue family.
+        let cmd_pool = unsafe {
+            raw.create_command_pool(
+                &vk::CommandPoolCreateInfo::default()
+                    .queue_family_index(family)
+                    .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                None,
+            )
+        }
+        .map_err(|e| vk_err("command pool", e))?;
+        let mut r = Replayer {
+            raw,
+            queue,
+            cmd_pool,
+            desc_pools: Vec::new(),
+            pipelines: HashMap::new(),
+            programs: HashMap::new(),
+            entries: Vec::new(),
+            next: 0,
+            serial: 0,
+            api_version,
+            checks,
+            native_zero,
+            subgroups,
+        };
+        let cmds = r.alloc_cmds(ENTRIES as u32)?;
+        for cmd in cmds {
+            // SAFETY: a plain fence.
+            let fence = unsafe { r.raw.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(|e| vk_err("fence", e))?;
+            r.entries.push(Entry { cmd, fence, serial: 0, busy: false });
+        }
+        Ok(r)
+    }
+
+    fn alloc_cmds(&self, n: u32) -> Result<Vec<vk::CommandBuffer>> {
+        // SAFETY: primary buffers from our pool.
+        unsafe {
+            self.raw.allocate_command_buffers(
+                &vk::CommandBufferAllocateInfo::default()
+                    .command_pool(self.cmd_pool)
+                    .level(vk::CommandBufferLevel::PRIMARY)
+                    .command_buffer_count(n),
+            )
+        }
+        .map_err(|e| vk_err("command buffers", e))
+    }
+
+    /// Whether a program for this signature exists.
+    pub(crate) fn has(&self, sig: &Signature) -> bool {
+        self.programs.contains_key(sig)
+    }
+
+    /// Programs built so far (for tests and the bench's notes).
+    pub(crate) fn programs(&self) -> usize {
+        self.programs.len()
+    }
+
+    fn pipeline(&mut self, k: &Kernel) -> Result<&RawPipeline> {
+        if !self.pipelines.contains_key(k.name) {
+            let p = self.compile(k)?;
+            self.pipelines.insert(k.name, p);
+        }
+        Ok(&self.pipelines[k.name])
+    }
+
+    /// `k` compiled again into a raw pipeline: its WGSL through naga with wgpu-hal's
+    /// options for this device, its layout as `Gpu::kernel_entry_with` builds it.
+    fn compile(&self, k: &Kernel) -> Result<RawPipeline> {
+        if k.immediate_size > 0 {
+            return Err(Error::Unsupported(format!("replay: kernel {} takes immediate data", k.name)));
+        }
+        let src = KernelSource {
+            name: k.name,
+            source: k.source.to_string(),
+            entry: k.entry.clone(),
+            bindings: k.bindings.clone(),
+            immediate_size: 0,
+        };
+        let words = spirv(&src, self.api_version, self.checks, self.native_zero)?;
+        let err = |what: &str, e: vk::Result| vk_err(&format!("kernel {} {what}", k.name), e);
+        let mut bindings = vec![vk::DescriptorSetLayoutBinding::default()
+            .binding(0)
+            .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
+            .descriptor_count(1)
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)];
+        for i in 0..k.bindings.len() {
+            bindings.push(
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(i as u32 + 1)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE),
+            );
+        }
+        let mut p = RawPipeline {
+            module: vk::ShaderModule::null(),
+            set_layout: vk::DescriptorSetLayout::null(),
+            layout: vk::PipelineLayout::null(),
+            pipeline: vk::Pipeline::null(),
+        };
+        // SAFETY (this block): valid create infos; on an error the objects made so far are
+        // destroyed by `destroy_pipeline` (null handles are ignored).
+        let made = unsafe {
+            (|| -> Result<()> {
+                p.module = self
+                    .raw
+                    .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+                    .map_err(|e| err("shader module", e))?;
+                p.set_layout = self
+                    .raw
+                    .create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings), None)
+                    .map_err(|e| err("set layout", e))?;
+                let set_layouts = [p.set_layout];
+                p.layout = self
+                    .raw
+                    .create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts), None)
+                    .map_err(|e| err("pipeline layout", e))?;
+                let entry = std::ffi::CString::new(k.entry.as_str()).map_err(|e| Error::Invalid(e.to_string()))?;
+                let flags = if self.subgroups {
+                    vk::PipelineShaderStageCreateFlags::ALLOW_VARYING_SUBGROUP_SIZE
+                } else {
+                    vk::PipelineShaderStageCreateFlags::empty()
+                };
+                let stage = vk::PipelineShaderStageCreateInfo::default()
+                    .flags(flags)
+                    .stage(vk::ShaderStageFlags::COMPUTE)
+                    .module(p.module)
+                    .name(&entry);
+                let info = vk::ComputePipelineCreateInfo::default().stage(stage).layout(p.layout);
+                p.pipeline = self
+                    .raw
+                    .create_compute_pipelines(vk::PipelineCache::null(), &[info], None)
+                    .map_err(|(_, e)| err("pipeline", e))?[0];
+                Ok(())
+            })()
+        };
+        match made {
+            Ok(()) => Ok(p),
+            Err(e) => {
+                self.destroy_pipeline(&p);
+                Err(e)
+            }
+        }
+    }
+
+    fn destroy_pipeline(&self, p: &RawPipeline) {
+        // SAFETY: our own objects, not in use (callers); null handles are ignored.
+        unsafe {
+            self.raw.destroy_pipeline(p.pipeline, None);
+            self.raw.destroy_pipeline_layout(p.layout, None);
+            self.raw.destroy_descriptor_set_layout(p.set_layout, None);
+            self.raw.destroy_shader_module(p.module, None);
+        }
+    }
+
+    fn alloc_set(&mut self, layout: vk::DescriptorSetLayout) -> Result<vk::DescriptorSet> {
+        let layouts = [layout];
+        if let Some(&pool) = self.desc_pools.last() {
+            // SAFETY: a set of a layout of ours from a pool of ours.
+            match unsafe {
+                self.raw
+                    .allocate_descriptor_sets(&vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts))
+            } {
+                Ok(s) => return Ok(s[0]),
+                Err(vk::Result::ERROR_OUT_OF_POOL_MEMORY | vk::Result::ERROR_FRAGMENTED_POOL) => {}
+                Err(e) => return Err(vk_err("descriptor set", e)),
+            }
+        }
+        let sizes = [
+            vk::DescriptorPoolSize::default().ty(vk::DescriptorType::UNIFORM_BUFFER).descriptor_count(SETS_PER_POOL),
+            vk::DescriptorPoolSize::default().ty(vk::DescriptorType::STORAGE_BUFFER).descriptor_count(SETS_PER_POOL * 12),
+        ];
+        // SAFETY: a plain pool.
+        let pool = unsafe {
+            self.raw
+                .create_descriptor_pool(&vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_POOL).pool_sizes(&sizes), None)
+        }
+        .map_err(|e| vk_err("descriptor pool", e))?;
+        self.desc_pools.push(pool);
+        // SAFETY: as above, from the new pool.
+        unsafe {
+            self.raw.allocate_descriptor_sets(&vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts))
+        }
+        .map(|s| s[0])
+        .map_err(|e| vk_err("descriptor set", e))
+    }
+
+    /// Build the program for `sig` from its commands: one descriptor set a dispatch, a
+    /// global barrier between commands, one to every later command and the host at the end.
+    pub(crate) fn build(&mut self, sig: Signature, cmds: &[ProgramCmd]) -> Result<()> {
+        let mut keep: Vec<wgpu::Buffer> = Vec::new();
+        /// A dispatch as the command buffer records it.
+        struct Bound {
+            pipeline: vk::Pipeline,
+            layout: vk::PipelineLayout,
+            set: vk::DescriptorSet,
+            groups: [u32; 3],
+            indirect: Option<(vk::Buffer, u64)>,
+        }
+        let mut recorded: Vec<Bound> = Vec::new();
+        enum Step {
+            Dispatch(usize),
+            Copy(vk::Buffer, vk::Buffer, vk::BufferCopy),
+        }
+        let mut steps = Vec::with_capacity(cmds.len());
+        for c in cmds {
+            match c {
+                ProgramCmd::Dispatch { kernel, params, buffers, groups, indirect } => {
+                    let (pipeline, layout, set_layout) = {
+                        let p = self.pipeline(kernel)?;
+                        (p.pipeline, p.layout, p.set_layout)
+                    };
+                    let set = self.alloc_set(set_layout)?;
+                    let mut infos = vec![vk::DescriptorBufferInfo::default()
+                        .buffer(raw_buffer(&params.0)?)
+                        .offset(params.1)
+                        .range(params.2)];
+                    for b in buffers {
+                        infos.push(vk::DescriptorBufferInfo::default().buffer(raw_buffer(b)?).offset(0).range(vk::WHOLE_SIZE));
+                    }
+                    let writes: Vec<vk::WriteDescriptorSet> = infos
+                        .iter()
+                        .enumerate()
+                        .map(|(i, info)| {
+                            vk::WriteDescriptorSet::default()
+                                .dst_set(set)
+                                .dst_binding(i as u32)
+                                .descriptor_type(if i == 0 {
+                                    vk::DescriptorType::UNIFORM_BUFFER
+                                } else {
+                                    vk::DescriptorType::STORAGE_BUFFER
+                                })
+                                .buffer_info(std::slice::from_ref(info))
+                        })
+                        .collect();
+                    // SAFETY: writes into a set of ours, naming live buffers (kept below).
+                    unsafe { self.raw.update_descriptor_sets(&writes, &[]) };
+                    keep.push(params.0.clone());
+                    keep.extend(buffers.iter().cloned());
+                    let ind = match indirect {
+                        Some((b, off)) => {
+                            keep.push(b.clone());
+                            Some((raw_buffer(b)?, *off))
+                        }
+                        None => None,
+                    };
+                    recorded.push(Bound { pipeline, layout, set, groups: *groups, indirect: ind });
+                    steps.push(Step::Dispatch(recorded.len() - 1));
+                }
+                ProgramCmd::Copy { src, src_off, dst, dst_off, size } => {
+                    keep.push(src.clone());
+                    keep.push(dst.clone());
+                    let region = vk::BufferCopy { src_offset: *src_off, dst_offset: *dst_off, size: *size };
+                    steps.push(Step::Copy(raw_buffer(src)?, raw_buffer(dst)?, region));
+                }
+            }
+        }
+        let cmd = self.alloc_cmds(1)?[0];
+        // Between commands, a barrier from every earlier dispatch's and copy's writes (a
+        // barrier's first scope is every earlier command, so the chain covers commands two
+        // or more apart) to just what the next command does: on the H100 a barrier that
+        // also named the indirect-argument, transfer and host stages for every dispatch made
+        // a tiny.en verify pass ~0.1 ms slower than wgpu's.
+        let wait_for = |next: &Step| -> (vk::PipelineStageFlags, vk::AccessFlags) {
+            match next {
+                Step::Dispatch(j) if recorded[*j].indirect.is_some() => (
+                    vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::DRAW_INDIRECT,
+                    vk::AccessFlags::SHADER_READ
+                        | vk::AccessFlags::SHADER_WRITE
+                        | vk::AccessFlags::UNIFORM_READ
+                        | vk::AccessFlags::INDIRECT_COMMAND_READ,
+                ),
+                Step::Dispatch(_) => (
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::UNIFORM_READ,
+                ),
+                Step::Copy(..) => (vk::PipelineStageFlags::TRANSFER, vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE),
+            }
+        };
+        let (mut src_stage, mut src_access) = (vk::PipelineStageFlags::empty(), vk::AccessFlags::empty());
+        // SAFETY (this block): recording a buffer of ours with objects of ours and live buffers.
+        unsafe {
+            self.raw
+                .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default())
+                .map_err(|e| vk_err("begin program", e))?;
+            let mut bound = vk::Pipeline::null();
+            for s in &steps {
+                if !src_stage.is_empty() {
+                    let (dst_stage, dst_access) = wait_for(s);
+                    let barrier = vk::MemoryBarrier::default().src_access_mask(src_access).dst_access_mask(dst_access);
+                    self.raw.cmd_pipeline_barrier(cmd, src_stage, dst_stage, vk::DependencyFlags::empty(), &[barrier], &[], &[]);
+                }
+                match s {
+                    Step::Dispatch(_) => {
+                        src_stage |= vk::PipelineStageFlags::COMPUTE_SHADER;
+                        src_access |= vk::AccessFlags::SHADER_WRITE;
+                    }
+                    Step::Copy(..) => {
+                        src_stage |= vk::PipelineStageFlags::TRANSFER;
+                        src_access |= vk::AccessFlags::TRANSFER_WRITE;
+                    }
+                }
+                match s {
+                    Step::Dispatch(j) => {
+                        let Bound { pipeline, layout, set, groups, indirect: ind } = recorded[*j];
+                        if pipeline != bound {
+                            self.raw.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+                            bound = pipeline;
+                        }
+                        self.raw.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, layout, 0, &[set], &[]);
+                        match ind {
+                            Some((b, off)) => self.raw.cmd_dispatch_indirect(cmd, b, off),
+                            None => self.raw.cmd_dispatch(cmd, groups[0], groups[1], groups[2]),
+                        }
+                    }
+                    Step::Copy(src, dst, region) => self.raw.cmd_copy_buffer(cmd, *src, *dst, std::slice::from_ref(region)),
+                }
+            }
+            full_barrier(&self.raw, cmd, vk::PipelineStageFlags::ALL_COMMANDS | vk::PipelineStageFlags::HOST, ALL_ACCESS | vk::AccessFlags::HOST_READ);
+            self.raw.end_command_buffer(cmd).map_err(|e| vk_err("end program", e))?;
+        }
+        self.programs.insert(sig, Program { cmd, _keep: keep, last: None });
+        Ok(())
+    }
+
+    /// Submit the program for `sig` after a prologue writing `writes` (buffer, byte offset,
+    /// bytes; offsets and lengths multiples of 4).
+    pub(crate) fn submit(&mut self, sig: &Signature, writes: &[(vk::Buffer, u64, &[u8])], spin: std::time::Duration) -> Result<Ticket> {
+        let prog = self.programs.get(sig).ok_or_else(|| Error::Invalid("replay: no program for this recording".into()))?;
+        let (prog_cmd, last) = (prog.cmd, prog.last);
+        if let Some(t) = last {
+            self.wait(t, spin)?;
+        }
+        for (_, off, data) in writes {
+            if off % 4 != 0 || data.len() % 4 != 0 {
+                return Err(Error::Invalid(format!("replay: a write of {} bytes at {off} is not in whole words", data.len())));
+            }
+        }
+        let idx = self.next;
+        self.next = (self.next + 1) % ENTRIES;
+        if self.entries[idx].busy {
+            let t = Ticket { entry: idx, serial: self.entries[idx].serial };
+            self.wait(t, spin)?;
+        }
+        self.serial += 1;
+        let e = &mut self.entries[idx];
+        e.serial = self.serial;
+        let (cmd, fence) = (e.cmd, e.fence);
+        // SAFETY (this block): the entry's buffer and fence are not in flight (waited for
+        // above); the written buffers are live (the caller's).
+        unsafe {
+            self.raw.reset_fences(&[fence]).map_err(|e| vk_err("reset fence", e))?;
+            self.raw
+                .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
+                .map_err(|e| vk_err("begin prologue", e))?;
+            full_barrier(&self.raw, cmd, vk::PipelineStageFlags::TRANSFER, vk::AccessFlags::TRANSFER_WRITE);
+            for (buf, off, data) in writes {
+                for (i, chunk) in data.chunks(UPDATE_MAX).enumerate() {
+                    self.raw.cmd_update_buffer(cmd, *buf, off + (i * UPDATE_MAX) as u64, chunk);
+                }
+            }
+            full_barrier(&self.raw, cmd, vk::PipelineStageFlags::ALL_COMMANDS, ALL_ACCESS);
+            self.raw.end_command_buffer(cmd).map_err(|e| vk_err("end prologue", e))?;
+            let cmds = [cmd, prog_cmd];
+            let info = vk::SubmitInfo::default().command_buffers(&cmds);
+            self.raw.queue_submit(self.queue, &[info], fence).map_err(|e| vk_err("submit", e))?;
+        }
+        self.entries[idx].busy = true;
+        let t = Ticket { entry: idx, serial: self.serial };
+        if let Some(p) = self.programs.get_mut(sig) {
+            p.last = Some(t);
+        }
+        Ok(t)
+    }
+
+    /// Wait for `t`'s submission: its fence polled for `spin`, then waited on.
+    pub(crate) fn wait(&mut self, t: Ticket, spin: std::time::Duration) -> Result<()> {
+        let e = &mut self.entries[t.entry];
+        if e.serial != t.serial || !e.busy {
+            return Ok(()); // done and reused since, or already waited for
+        }
+        let fence = e.fence;
+        let end = std::time::Instant::now() + spin;
+        loop {
+            // SAFETY: a fence of ours.
+            match unsafe { self.raw.get_fence_status(fence) } {
+                Ok(true) => break,
+                Ok(false) if std::time::Instant::now() < end => std::hint::spin_loop(),
+                Ok(false) => {
+                    // SAFETY: as above; 30 s is far past any pass.
+                    unsafe { self.raw.wait_for_fences(&[fence], true, 30_000_000_000) }.map_err(|e| match e {
+                        vk::Result::TIMEOUT => Error::Gpu("the GPU did not finish a replayed pass in 30 s".into()),
+                        other => vk_err("wait", other),
+                    })?;
+                    break;
+                }
+                Err(err) => return Err(vk_err("fence status", err)),
+            }
+        }
+        self.entries[t.entry].busy = false;
+        Ok(())
+    }
+}
+
+impl Drop for Replayer {
+    fn drop(&mut self) {
+        // SAFETY: nothing of ours may be in flight when destroyed: wait for the device, then
+        // destroy what we made (the `Gpu` drops this before its wgpu device).
+        unsafe {
+            let _ = self.raw.device_wait_idle();
+            for e in &self.entries {
+                self.raw.destroy_fence(e.fence, None);
+            }
+            for p in self.pipelines.values() {
+                self.destroy_pipeline(p);
+            }
+            for &pool in &self.desc_pools {
+                self.raw.destroy_descriptor_pool(pool, None);
+            }
+            self.raw.destroy_command_pool(self.cmd_pool, None);
+        }
+    }
+}
+
+/// Submit a recording's program (built first where `sig` is new, from `cmds()`), after a
+/// prologue writing `writes` (wgpu buffers, byte offsets, bytes).
+pub(crate) fn submit_recording(
+    gpu: &super::Gpu,
+    sig: Signature,
+    cmds: impl FnOnce() -> Result<Vec<ProgramCmd>>,
+    writes: &[(&wgpu::Buffer, u64, &[u8])],
+) -> Result<Ticket> {
+    let spin = gpu.spin_wait();
+    gpu.with_replayer(|r| {
+        if !r.has(&sig) {
+            let cmds = cmds()?;
+            r.build(sig.clone(), &cmds)?;
+        }
+        let raw: Vec<(vk::Buffer, u64, &[u8])> =
+            writes.iter().map(|(b, off, data)| Ok((raw_buffer(b)?, *off, *data))).collect::<Result<_>>()?;
+        r.submit(&sig, &raw, spin)
+    })
+}
