@@ -327,35 +327,31 @@ fn bench(args: &Args) -> Result<(), String> {
     let mut first_ms = Vec::new();
     if model.max_steps() > 1 {
         rewarm(&mut model, "steps per readback")?;
-        // The most steps a readback also with the batch encoded before the clock (the
-        // host's recording off the path: the GPU's own time for the batch, what a batch
-        // recorded once and replayed would cost), alternated batch by batch with the row
-        // above so both see the same clocks.
-        let most = model.max_steps();
-        for (k, first) in [(4, false), (most, false), (most, true)] {
+        // `calls` batches of k steps in a fresh window after the 4-token prompt: ms per
+        // token from the first step's recording to the last readback.
+        let run_batches = |model: &mut GpuWhisper, k: usize, calls: usize| -> Result<f64, String> {
+            model.host_times = (0.0, 0.0, 0);
+            model.begin_window(&mel).map_err(err)?;
+            model.advance(&prompt4, &rules).map_err(err)?;
+            let mut next = text_token(4);
+            let t = Instant::now();
+            for _ in 0..calls {
+                let step = engine::decode::Step { rules, check_ts_over_text: false };
+                let out = model.greedy_steps(next, k, &step, None).map_err(err)?;
+                if out.picks.contains(&eot) {
+                    return Err("a timed batch picked end-of-text (its later steps ran empty)".into());
+                }
+                next = *out.picks.last().expect("k picks");
+            }
+            Ok(t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64)
+        };
+        for k in [4, model.max_steps()] {
             let calls = (steps / k).max(1);
             let mut v = Vec::new();
             let mut split = (f64::INFINITY, 0.0, 0.0);
             for b in 0..=batches {
-                if first {
-                    // Alternate: the row recorded as shipped once more, then this one.
-                    break;
-                }
-                model.host_times = (0.0, 0.0, 0);
-                model.begin_window(&mel).map_err(err)?;
-                model.advance(&prompt4, &rules).map_err(err)?;
-                let mut next = text_token(4);
-                let t = Instant::now();
-                for _ in 0..calls {
-                    let step = engine::decode::Step { rules, check_ts_over_text: false };
-                    let out = model.greedy_steps(next, k, &step, None).map_err(err)?;
-                    if out.picks.contains(&eot) {
-                        return Err("a timed batch picked end-of-text (its later steps ran empty)".into());
-                    }
-                    next = *out.picks.last().expect("k picks");
-                }
+                let ms = run_batches(&mut model, k, calls)?;
                 if b > 0 {
-                    let ms = t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64;
                     let (rs, ws, n) = model.host_times;
                     if ms < split.0 {
                         split = (ms, rs * 1e3 / n.max(1) as f64, ws * 1e3 / n.max(1) as f64);
@@ -363,40 +359,30 @@ fn bench(args: &Args) -> Result<(), String> {
                     v.push(ms);
                 }
             }
-            if first {
-                let (mut shipped, mut pre) = (Vec::new(), Vec::new());
-                for b in 0..=batches {
-                    for enc_first in [false, true] {
-                        model.batch_encoded_first = enc_first;
-                        model.host_times = (0.0, 0.0, 0);
-                        model.begin_window(&mel).map_err(err)?;
-                        model.advance(&prompt4, &rules).map_err(err)?;
-                        let mut next = text_token(4);
-                        let t = Instant::now();
-                        for _ in 0..calls {
-                            let step = engine::decode::Step { rules, check_ts_over_text: false };
-                            let out = model.greedy_steps(next, k, &step, None).map_err(err)?;
-                            if out.picks.contains(&eot) {
-                                model.batch_encoded_first = false;
-                                return Err("a timed batch picked end-of-text (its later steps ran empty)".into());
-                            }
-                            next = *out.picks.last().expect("k picks");
-                        }
-                        let all = t.elapsed().as_secs_f64() * 1e3 / (calls * k) as f64;
-                        let (rs, ws, _) = model.host_times;
-                        // Encoded first: from the first submission to the last readback.
-                        let ms = if enc_first { (rs + ws) * 1e3 / (calls * k) as f64 } else { all };
-                        if b > 0 {
-                            if enc_first { pre.push(ms) } else { shipped.push(ms) }
-                        }
-                    }
-                }
-                model.batch_encoded_first = false;
-                first_ms.push((k, calls * k, stat(&shipped), stat(&pre)));
-                continue;
-            }
             batched_ms.push((k, calls * k, stat(&v), split));
         }
+        // The most steps a readback also with each batch encoded before its clock (the
+        // host's recording off the path: the GPU's own time for a batch, what a batch
+        // recorded once and replayed would cost), alternated batch by batch with the
+        // shipped chunks so both see the same clocks.
+        let k = model.max_steps();
+        let calls = (steps / k).max(1);
+        let (mut shipped, mut pre) = (Vec::new(), Vec::new());
+        for b in 0..=batches {
+            for enc_first in [false, true] {
+                model.batch_encoded_first = enc_first;
+                let all = run_batches(&mut model, k, calls);
+                model.batch_encoded_first = false;
+                let all = all?;
+                let (rs, ws, _) = model.host_times;
+                // Encoded first: from the first submission to the last readback.
+                let ms = if enc_first { (rs + ws) * 1e3 / (calls * k) as f64 } else { all };
+                if b > 0 {
+                    if enc_first { pre.push(ms) } else { shipped.push(ms) }
+                }
+            }
+        }
+        first_ms.push((k, calls * k, stat(&shipped), stat(&pre)));
     }
 
     // Each part of a step left out in turn, the most steps per readback: what the part

@@ -676,6 +676,15 @@ impl Gpu {
         }
     }
 
+    /// Keep at most `n` replay programs (a test of dropping them at the bound).
+    #[cfg(all(test, not(target_vendor = "apple")))]
+    pub(crate) fn set_replay_max_programs(&self, n: usize) -> Result<()> {
+        self.with_replayer(|r| {
+            r.set_max_programs(n);
+            Ok(())
+        })
+    }
+
     /// Programs the replayer has built (0 before its first use).
     pub fn replay_programs(&self) -> usize {
         #[cfg(not(target_vendor = "apple"))]

@@ -15,7 +15,7 @@
 
 use super::Access;
 #[cfg(not(target_vendor = "apple"))]
-pub(super) use vulkan::{open_device, report, spirv};
+pub(super) use vulkan::{layout_bindings, open_device, report, spirv};
 
 /// A kernel as `Gpu::kernel_entry_with` compiled it: enough to compile it again.
 #[derive(Clone, Debug)]
@@ -168,6 +168,21 @@ mod vulkan {
         spv::write_vec(&module, &info, &options, Some(&stage)).map_err(|e| bad("SPIR-V", e.to_string()))
     }
 
+    /// A kernel's set layout as `Gpu::kernel_entry_with` builds it: the parameter block at
+    /// binding 0, `storage` storage buffers at 1...
+    pub(in crate::gpu) fn layout_bindings(storage: usize) -> Vec<vk::DescriptorSetLayoutBinding<'static>> {
+        let binding = |i: usize, ty| {
+            vk::DescriptorSetLayoutBinding::default()
+                .binding(i as u32)
+                .descriptor_type(ty)
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        };
+        std::iter::once(binding(0, vk::DescriptorType::UNIFORM_BUFFER))
+            .chain((1..=storage).map(|i| binding(i, vk::DescriptorType::STORAGE_BUFFER)))
+            .collect()
+    }
+
     /// Compile `src` again into a raw pipeline with the capture flags and read what the driver
     /// reports of it. `device` must come from [`open_device`].
     pub(in crate::gpu) fn report(device: &wgpu::Device, src: &KernelSource, checks: bool) -> Result<KernelReport> {
@@ -183,20 +198,7 @@ mod vulkan {
         let ext = ash::khr::pipeline_executable_properties::Device::new(instance, raw);
         let vk_err = |what: &str, e: vk::Result| Error::Gpu(format!("kernel {} ({}): {what}: {e}", src.name, src.entry));
 
-        let mut bindings = vec![vk::DescriptorSetLayoutBinding::default()
-            .binding(0)
-            .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
-            .descriptor_count(1)
-            .stage_flags(vk::ShaderStageFlags::COMPUTE)];
-        for i in 0..src.bindings.len() {
-            bindings.push(
-                vk::DescriptorSetLayoutBinding::default()
-                    .binding(i as u32 + 1)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .descriptor_count(1)
-                    .stage_flags(vk::ShaderStageFlags::COMPUTE),
-            );
-        }
+        let bindings = layout_bindings(src.bindings.len());
         // Everything created below is destroyed at the end, whatever happened in between.
         struct Objects<'a> {
             raw: &'a ash::Device,

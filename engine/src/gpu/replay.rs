@@ -27,7 +27,7 @@ use std::sync::Arc;
 use ash::vk;
 use wgpu::hal::api::Vulkan;
 
-use super::pipeline_stats::{spirv, KernelSource};
+use super::pipeline_stats::{layout_bindings, spirv, KernelSource};
 use super::recorder::Signature;
 use super::Kernel;
 use crate::{Error, Result};
@@ -83,6 +83,11 @@ const ENTRIES: usize = 8;
 const SETS_PER_POOL: u32 = 1024;
 /// `vkCmdUpdateBuffer` takes at most this many bytes at a time.
 const UPDATE_MAX: usize = 65536;
+/// Programs kept at most: past this all are dropped (and rebuilt as they recur). A model's
+/// passes make a few dozen (16 lengths x its self-attention's key splits); the bound is for
+/// a device that outlives many models (the tests' shared one), whose old programs would
+/// otherwise keep their buffers alive.
+const MAX_PROGRAMS: usize = 256;
 
 pub(crate) struct Replayer {
     raw: ash::Device,
@@ -98,6 +103,8 @@ pub(crate) struct Replayer {
     checks: bool,
     native_zero: bool,
     subgroups: bool,
+    /// `MAX_PROGRAMS`, or less in a test.
+    max_programs: usize,
 }
 
 fn vk_err(what: &str, e: vk::Result) -> Error {
@@ -190,6 +197,7 @@ impl Replayer {
             checks,
             native_zero,
             subgroups,
+            max_programs: MAX_PROGRAMS,
         };
         let cmds = r.alloc_cmds(ENTRIES as u32)?;
         for cmd in cmds {
@@ -216,6 +224,11 @@ impl Replayer {
     /// Whether a program for this signature exists.
     pub(crate) fn has(&self, sig: &Signature) -> bool {
         self.programs.contains_key(sig)
+    }
+
+    /// Keep at most `n` programs (tests: the drop of all at the bound).
+    pub(crate) fn set_max_programs(&mut self, n: usize) {
+        self.max_programs = n.clamp(1, MAX_PROGRAMS);
     }
 
     /// Programs built so far (for tests and the bench's notes).
@@ -246,20 +259,7 @@ impl Replayer {
         };
         let words = spirv(&src, self.api_version, self.checks, self.native_zero)?;
         let err = |what: &str, e: vk::Result| vk_err(&format!("kernel {} {what}", k.name), e);
-        let mut bindings = vec![vk::DescriptorSetLayoutBinding::default()
-            .binding(0)
-            .descriptor_type(vk::DescriptorType::UNIFORM_BUFFER)
-            .descriptor_count(1)
-            .stage_flags(vk::ShaderStageFlags::COMPUTE)];
-        for i in 0..k.bindings.len() {
-            bindings.push(
-                vk::DescriptorSetLayoutBinding::default()
-                    .binding(i as u32 + 1)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .descriptor_count(1)
-                    .stage_flags(vk::ShaderStageFlags::COMPUTE),
-            );
-        }
+        let bindings = layout_bindings(k.bindings.len());
         let mut p = RawPipeline {
             module: vk::ShaderModule::null(),
             set_layout: vk::DescriptorSetLayout::null(),
@@ -356,6 +356,9 @@ impl Replayer {
     /// Build the program for `sig` from its commands: one descriptor set a dispatch, a
     /// global barrier between commands, one to every later command and the host at the end.
     pub(crate) fn build(&mut self, sig: Signature, cmds: &[ProgramCmd]) -> Result<()> {
+        if self.programs.len() >= self.max_programs {
+            self.drop_programs()?;
+        }
         let mut keep: Vec<wgpu::Buffer> = Vec::new();
         /// A dispatch as the command buffer records it.
         struct Bound {
@@ -488,6 +491,28 @@ impl Replayer {
             self.raw.end_command_buffer(cmd).map_err(|e| vk_err("end program", e))?;
         }
         self.programs.insert(sig, Program { cmd, _keep: keep, last: None });
+        Ok(())
+    }
+
+    /// Drop every program once nothing is in flight: their command buffers freed, the
+    /// descriptor pools reset for the next ones.
+    fn drop_programs(&mut self) -> Result<()> {
+        for i in 0..self.entries.len() {
+            let t = Ticket { entry: i, serial: self.entries[i].serial };
+            self.wait(t, std::time::Duration::ZERO)?;
+        }
+        let cmds: Vec<vk::CommandBuffer> = self.programs.drain().map(|(_, p)| p.cmd).collect();
+        // SAFETY: none of these is in flight (every submission waited for above); one pool
+        // is kept, reset, for the next programs.
+        unsafe {
+            self.raw.free_command_buffers(self.cmd_pool, &cmds);
+            for pool in self.desc_pools.drain(1..) {
+                self.raw.destroy_descriptor_pool(pool, None);
+            }
+            if let Some(&pool) = self.desc_pools.first() {
+                self.raw.reset_descriptor_pool(pool, vk::DescriptorPoolResetFlags::empty()).map_err(|e| vk_err("reset pool", e))?;
+            }
+        }
         Ok(())
     }
 

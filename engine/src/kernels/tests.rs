@@ -2276,3 +2276,33 @@ fn replay_runs_the_recording_again_with_new_writes() {
     kern.copy_rows(&mut rec, Rows::new(&src, 13), Rows::new(&dst, 13), rows, width).unwrap();
     assert!(rec.replay(&[], None).is_err(), "a recording with a part submitted early");
 }
+
+/// Past the program bound every program is dropped and rebuilt as it recurs: two
+/// signatures alternated on a replayer that keeps one, each result still right.
+#[test]
+fn replay_programs_dropped_at_the_bound_are_rebuilt() {
+    let g = crate::gpu::Gpu::new(&Default::default()).unwrap();
+    if !g.replay_available() {
+        return;
+    }
+    g.set_replay_max_programs(1).unwrap();
+    let kern = Kernels::load(&g).unwrap();
+    let mut rng = rng("replay bound");
+    let src = g.upload_f32("src", &vec![0.0; 6 * 7]).unwrap();
+    let dst = g.buffer("dst", 4 * 6 * 7).unwrap();
+    let mut cache = crate::gpu::DispatchCache::default();
+    for round in 0..4 {
+        let rows = if round % 2 == 0 { 6 } else { 3 };
+        let data: Vec<f32> = (0..6 * 7).map(|_| rng.random_range(-2.0f32..2.0) + 3.0).collect();
+        g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; 6 * 7]));
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+        let mut rec = g.recorder_cached(&mut cache);
+        kern.copy_rows(&mut rec, Rows::new(&src, 7), Rows::new(&dst, 7), rows, 7).unwrap();
+        let t = rec.replay(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap();
+        g.replay_wait(t).unwrap();
+        let got = g.read_f32(&dst, 0, rows as usize * 7).unwrap();
+        assert_eq!(got, data[..rows as usize * 7].to_vec(), "round {round} ({rows} rows)");
+        assert_eq!(g.replay_programs(), 1, "round {round}: one program kept");
+    }
+}
