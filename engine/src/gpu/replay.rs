@@ -227,6 +227,7 @@ impl Replayer {
     }
 
     /// Keep at most `n` programs (tests: the drop of all at the bound).
+    #[cfg(test)]
     pub(crate) fn set_max_programs(&mut self, n: usize) {
         self.max_programs = n.clamp(1, MAX_PROGRAMS);
     }
