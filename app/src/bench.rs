@@ -291,7 +291,7 @@ fn bench(args: &Args) -> Result<(), String> {
     let steps = args.steps.min(dims.text_ctx - 4);
     let prompt4: Vec<u32> = (0..4).map(text_token).collect();
     let prompt64: Vec<u32> = (0..64).map(text_token).collect();
-    let (mut pre4, mut pre64, mut dec) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pre4, mut pre64, mut dec, mut dec_wgpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut per_step_dispatches = 0.0;
     let mut host_split = Vec::new();
     for b in 0..=batches {
@@ -312,6 +312,20 @@ fn bench(args: &Args) -> Result<(), String> {
         let d = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
         per_step_dispatches = (model.profile.total_dispatches() - before) as f64 / steps as f64;
         let (rs, ws, n) = model.host_times;
+        // The same with replays off (the prompt and the first step through wgpu too), alternated.
+        if model.replay && model.gpu().replay_available() {
+            model.replay = false;
+            model.begin_window(&mel).map_err(err)?;
+            let prefilled = model.advance(&prompt4, &rules);
+            let t = Instant::now();
+            let stepped = prefilled.and_then(|_| (0..steps).try_for_each(|i| model.advance(&[text_token(i + 4)], &rules).map(|_| ())));
+            let dw = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+            model.replay = true;
+            stepped.map_err(err)?;
+            if b > 0 {
+                dec_wgpu.push(dw);
+            }
+        }
         if b > 0 {
             host_split.push((d, rs * 1e3 / n.max(1) as f64, ws * 1e3 / n.max(1) as f64));
             // Batch 0 is the warm-up (bind groups of every KV length's dispatch shapes).
@@ -449,8 +463,8 @@ fn bench(args: &Args) -> Result<(), String> {
         let early = model.early_submit.clone();
         // Each n encoded through wgpu as the decoder did before replays, then replayed (where
         // the device allows it), alternated; the most positions also recorded whole.
-        let replays = model.gpu().replay_available() && model.replay_passes;
-        let replay_before = model.replay_passes;
+        let replays = model.gpu().replay_available() && model.replay;
+        let replay_before = model.replay;
         let runs = (1..=model.max_verify())
             .flat_map(|n| [(n, early.clone(), false), (n, Vec::new(), true)])
             .filter(|&(_, _, r)| !r || replays)
@@ -483,7 +497,7 @@ fn bench(args: &Args) -> Result<(), String> {
         };
         for (n, early_submit, replay) in runs {
             model.early_submit = early_submit.clone();
-            model.replay_passes = replay;
+            model.replay = replay;
             let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
             let rules_n = vec![rules; n];
             let (v, r, w) = timed(&mut model, &mut |m, _| {
@@ -492,7 +506,7 @@ fn bench(args: &Args) -> Result<(), String> {
             })?;
             verify_ms.push((n, early_submit, replay, v, r, w));
         }
-        model.replay_passes = replay_before;
+        model.replay = replay_before;
         // A single step with none encoded ahead for its position (after drafts were rolled
         // back: the live replay's lone steps after a missed draft): the step encoded ahead
         // for the next position moved back by its parameters (`retarget`), and with that off
@@ -500,18 +514,24 @@ fn bench(args: &Args) -> Result<(), String> {
         // alternated.
         let retarget = model.retarget;
         for _ in 0..2 {
-            for (early_submit, moved) in [(early.clone(), true), (early.clone(), false), (Vec::new(), false)] {
+            let ways = [(early.clone(), true, false), (early.clone(), false, false), (Vec::new(), false, false), (Vec::new(), false, true)];
+            for (early_submit, moved, replay) in ways {
+                if replay && !replays {
+                    continue;
+                }
                 model.early_submit = early_submit.clone();
                 model.retarget = moved;
+                model.replay = replay;
                 let (v, r, w) = timed(&mut model, &mut |m, i| {
                     m.advance(&[text_token(i + 4)], &rules)?;
                     m.rollback(1)
                 })?;
-                fresh_ms.push((early_submit, moved, v, r, w));
+                fresh_ms.push((early_submit, moved, replay, v, r, w));
             }
         }
         model.early_submit = early;
         model.retarget = retarget;
+        model.replay = replay_before;
     }
 
     // Draft models: one `draft` call of k tokens is one submission of k decoder steps of
@@ -619,10 +639,18 @@ fn bench(args: &Args) -> Result<(), String> {
     println!("| prefill 4 positions, ms/token | {:.3} | {:.2} | |", p4.min, p4.spread);
     println!("| prefill 64 positions, ms/token | {:.4} | {:.2} | |", p64.min, p64.spread);
     let d = stat(&dec);
+    let how = if dec_wgpu.is_empty() { "each encoded ahead through wgpu" } else { "each encoded ahead, the first (after the prompt) replayed" };
     println!(
-        "| decode, ms/token ({steps} forced steps) | {:.4} | {:.2} | one submit + wait per step |",
+        "| decode, ms/token ({steps} forced steps) | {:.4} | {:.2} | one submit + wait per step, {how} |",
         d.min, d.spread
     );
+    if !dec_wgpu.is_empty() {
+        let w = stat(&dec_wgpu);
+        println!(
+            "| decode, ms/token ({steps} forced steps), replays off | {:.4} | {:.2} | one submit + wait per step, each encoded ahead through wgpu; alternated with the row above |",
+            w.min, w.spread
+        );
+    }
     if let Some(&(_, r, w)) = host_split.iter().min_by(|a, b| a.0.total_cmp(&b.0)) {
         println!("| decode step: record + submit, ms | {r:.4} | | host, fastest batch (encoding ahead not counted) |");
         println!("| decode step: wait for GPU + readback, ms | {w:.4} | | |");
@@ -664,11 +692,12 @@ fn bench(args: &Args) -> Result<(), String> {
             v.min / d.min
         );
     }
-    for (early, moved, v, r, w) in &fresh_ms {
-        let how = match (moved, early.as_slice()) {
-            (true, _) => "the step encoded ahead moved back by its parameters (retarget)".to_string(),
-            (false, []) => "recorded whole before one submission".to_string(),
-            (false, e) => format!("submitted at dispatches {e:?} and the end"),
+    for (early, moved, replay, v, r, w) in &fresh_ms {
+        let how = match (replay, moved, early.as_slice()) {
+            (true, _, _) => "replayed".to_string(),
+            (false, true, _) => "the step encoded ahead moved back by its parameters (retarget)".to_string(),
+            (false, false, []) => "recorded whole before one submission".to_string(),
+            (false, false, e) => format!("submitted at dispatches {e:?} and the end"),
         };
         println!(
             "| decode step after a rollback (none encoded for its position), {how}, ms | {:.4} | {:.2} | + rollback; host records {r:.4}, waits {w:.4} |",
@@ -805,8 +834,8 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     let mut rows = Vec::new();
     let most = tr.verify_max();
     let retarget = tr.retarget();
-    let replay = tr.replay_passes() && tr.gpu().replay_available();
-    let replay_before = tr.replay_passes();
+    let replay = tr.replay() && tr.gpu().replay_available();
+    let replay_before = tr.replay();
     // (drafts, most positions a pass, a step encoded ahead moved back after a rollback,
     // verify passes replayed)
     let mut runs = vec![(Speculative::Off, most, retarget, replay), (Speculative::Ngram, most, retarget, replay)];
@@ -823,7 +852,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     for (spec, verify_max, moved, replayed) in runs {
         tr.set_verify_max(verify_max).map_err(err)?;
         tr.set_retarget(moved);
-        tr.set_replay_passes(replayed);
+        tr.set_replay(replayed);
         let mut per_token = Vec::new();
         let mut total = (0usize, SpecStats::default());
         for b in 0..=batches {
@@ -880,7 +909,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     }
     tr.set_verify_max(most).map_err(err)?;
     tr.set_retarget(retarget);
-    tr.set_replay_passes(replay_before);
+    tr.set_replay(replay_before);
     if texts.iter().any(|t| *t != texts[0]) {
         return Err("the live replay's texts differ with and without drafts: speculative decoding changed the output".into());
     }

@@ -138,13 +138,13 @@ impl Transcriber {
         self.model.retarget = on;
     }
 
-    /// Whether verify passes are replayed where the device allows it (`GpuWhisper::replay_passes`).
-    pub fn replay_passes(&self) -> bool {
-        self.model.replay_passes
+    /// Whether verify passes and steps are replayed where the device allows it (`GpuWhisper::replay`).
+    pub fn replay(&self) -> bool {
+        self.model.replay
     }
 
-    pub fn set_replay_passes(&mut self, on: bool) {
-        self.model.replay_passes = on;
+    pub fn set_replay(&mut self, on: bool) {
+        self.model.replay = on;
     }
 
     /// The decoder's weight format (None: f16).

@@ -629,6 +629,8 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
         let tokens = random_tokens(n, geom.dims.vocab, &mut rng);
         let rules: Vec<StepRules> = (0..tokens.len()).map(|i| rules_for(i, &geom, tokens[i])).collect();
         let g = &mut p.gpu;
+        // The single steps encoded through wgpu (the reference for everything replayed).
+        g.replay = false;
         g.begin_window(&mel).unwrap();
         g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
         let single: Vec<(StepScores, Vec<f32>)> =
@@ -644,7 +646,7 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
         let programs = g.gpu().replay_programs();
         for k in [n, 9, 8, 5, 1] {
             for replay in [true, false, true, false] {
-                g.replay_passes = replay;
+                g.replay = replay;
                 g.begin_window(&mel).unwrap();
                 g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
                 let v = g.verify(&tokens[..k], &rules[..k]).unwrap();
@@ -653,25 +655,30 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
                 }
             }
         }
-        // One program per pass length (their grids differ), built once.
+        // One program per pass length (their grids differ) and one for the prompt, built
+        // once however often they ran.
         let built = g.gpu().replay_programs() - programs;
-        assert_eq!(built, if replays { 5 } else { 0 }, "replay programs built for 5 pass lengths");
-        g.replay_passes = true;
-        // Every draft kept, then single steps: the first one runs the step the model
-        // encoded while the pass ran (for the position after the pass).
-        g.begin_window(&mel).unwrap();
-        g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
-        g.verify(&tokens[..5], &rules[..5]).unwrap();
-        for i in 5..tokens.len() {
-            let sc = g.advance(&tokens[i..=i], &rules[i]).unwrap();
-            assert_eq!(sc, single[i].0, "after a verify pass: position {i}");
-            assert_eq!(g.last_logits().unwrap(), single[i].1, "after a verify pass: logits at {i}");
+        assert_eq!(built, if replays { 6 } else { 0 }, "replay programs built for 5 pass lengths and the prompt");
+        // Every draft kept, then single steps: through wgpu, the first one runs the step the
+        // model encoded while the pass ran (for the position after the pass); replayed,
+        // each step is recorded when it comes.
+        for replay in [false, true] {
+            g.replay = replay;
+            g.begin_window(&mel).unwrap();
+            g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
+            g.verify(&tokens[..5], &rules[..5]).unwrap();
+            for i in 5..tokens.len() {
+                let sc = g.advance(&tokens[i..=i], &rules[i]).unwrap();
+                assert_eq!(sc, single[i].0, "after a verify pass (replayed {replay}): position {i}");
+                assert_eq!(g.last_logits().unwrap(), single[i].1, "after a verify pass (replayed {replay}): logits at {i}");
+            }
         }
         // Rejected drafts: feed tokens[0] and three wrong ones, keep one, roll two back,
         // then go on one step at a time: the same scores and logits as never drafting,
         // whether the step the pass encoded ahead is moved back to the rolled-back position
-        // by its parameters (`retarget`) or a step is recorded anew.
-        for retarget in [true, false] {
+        // by its parameters (`retarget`) or a step is recorded anew, or all is replayed.
+        for (replay, retarget) in [(false, true), (false, false), (true, true)] {
+            g.replay = replay;
             g.retarget = retarget;
             g.begin_window(&mel).unwrap();
             g.advance(&prompt, &rules_for(0, &geom, 0)).unwrap();
@@ -682,13 +689,13 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
             g.rollback(2).unwrap();
             for i in 2..tokens.len() {
                 let sc = g.advance(&tokens[i..=i], &rules[i]).unwrap();
-                assert_eq!(sc, single[i].0, "after the rollback (retarget {retarget}): position {i}");
-                assert_eq!(g.last_logits().unwrap(), single[i].1, "after the rollback (retarget {retarget}): logits at {i}");
+                assert_eq!(sc, single[i].0, "after the rollback (replay {replay}, retarget {retarget}): position {i}");
+                assert_eq!(g.last_logits().unwrap(), single[i].1, "after the rollback (replay {replay}, retarget {retarget}): logits at {i}");
                 // Each step also rolled back and taken again: the step encoded ahead moves
                 // back one position at a time.
                 g.rollback(1).unwrap();
                 let again = g.advance(&tokens[i..=i], &rules[i]).unwrap();
-                assert_eq!(again, single[i].0, "after a rollback of one (retarget {retarget}): position {i}");
+                assert_eq!(again, single[i].0, "after a rollback of one (replay {replay}, retarget {retarget}): position {i}");
             }
         }
         g.retarget = true;

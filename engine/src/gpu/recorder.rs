@@ -313,8 +313,13 @@ impl<'g> Recorder<'g> {
     /// what wgpu's `write_buffer` would otherwise carry, which a replay would not see). Only
     /// a whole recording through a `DispatchCache` (its arenas and bind groups are the
     /// program's), nothing left out or submitted early, on a device with
-    /// `Gpu::replay_available`. Wait with `Gpu::replay_wait` before reading results.
-    pub fn replay(self, writes: &[(&wgpu::Buffer, u64, &[u8])], profile: Option<&mut Profile>) -> Result<super::Ticket> {
+    /// `Gpu::replay_available`. `Some(ticket)`: replayed, wait with `Gpu::replay_wait`
+    /// before reading results. `None`: this signature's first recording, which builds the
+    /// program and goes through wgpu (`writes` queued, `submit`): wgpu zeroes a buffer's
+    /// memory on its first use in a submission of its own, so a replay must never be a
+    /// buffer's first user, or wgpu's later first use would wipe what the replay wrote (the
+    /// KV cache of a first window's prompt did).
+    pub fn replay(self, writes: &[(&wgpu::Buffer, u64, &[u8])], profile: Option<&mut Profile>) -> Result<Option<super::Ticket>> {
         if !self.gpu.replay_available() {
             return Err(Error::Unsupported("replays need a Vulkan device the engine opened itself, untimed".into()));
         }
@@ -329,6 +334,16 @@ impl<'g> Recorder<'g> {
         #[cfg(not(target_vendor = "apple"))]
         {
             let sig = self.signature();
+            let gpu = self.gpu;
+            if !gpu.with_replayer(|r| Ok(r.has(&sig)))? {
+                let cmds = self.program_cmds()?;
+                gpu.with_replayer(|r| r.build(sig, &cmds))?;
+                for (buf, off, data) in writes {
+                    gpu.queue.write_buffer(buf, *off, data);
+                }
+                self.submit(profile)?;
+                return Ok(None);
+            }
             let mut all: Vec<(&wgpu::Buffer, u64, &[u8])> = Vec::with_capacity(writes.len() + self.arenas.len() + self.grid_writes.len());
             for (buf, off, words) in &self.grid_writes {
                 all.push((buf, *off, bytemuck::cast_slice(words)));
@@ -337,8 +352,8 @@ impl<'g> Recorder<'g> {
                 all.push((buf, 0, &data[..]));
             }
             all.extend_from_slice(writes);
-            let ticket = super::replay::submit_recording(self.gpu, sig, || self.program_cmds(), &all)?;
-            self.gpu.check()?;
+            let ticket = super::replay::submit_recording(gpu, &sig, &all)?;
+            gpu.check()?;
             if let Some(profile) = profile {
                 for c in &self.cmds {
                     if let Cmd::Dispatch { kernel, stage, cost, .. } = c {
@@ -346,7 +361,7 @@ impl<'g> Recorder<'g> {
                     }
                 }
             }
-            Ok(ticket)
+            Ok(Some(ticket))
         }
     }
 

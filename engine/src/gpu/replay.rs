@@ -616,22 +616,11 @@ impl Drop for Replayer {
     }
 }
 
-/// Submit a recording's program (built first where `sig` is new, from `cmds()`), after a
-/// prologue writing `writes` (wgpu buffers, byte offsets, bytes).
-pub(crate) fn submit_recording(
-    gpu: &super::Gpu,
-    sig: Signature,
-    cmds: impl FnOnce() -> Result<Vec<ProgramCmd>>,
-    writes: &[(&wgpu::Buffer, u64, &[u8])],
-) -> Result<Ticket> {
+/// Submit the program built for `sig` after a prologue writing `writes` (wgpu buffers,
+/// byte offsets, bytes).
+pub(crate) fn submit_recording(gpu: &super::Gpu, sig: &Signature, writes: &[(&wgpu::Buffer, u64, &[u8])]) -> Result<Ticket> {
     let spin = gpu.spin_wait();
-    gpu.with_replayer(|r| {
-        if !r.has(&sig) {
-            let cmds = cmds()?;
-            r.build(sig.clone(), &cmds)?;
-        }
-        let raw: Vec<(vk::Buffer, u64, &[u8])> =
-            writes.iter().map(|(b, off, data)| Ok((raw_buffer(b)?, *off, *data))).collect::<Result<_>>()?;
-        r.submit(&sig, &raw, spin)
-    })
+    let raw: Vec<(vk::Buffer, u64, &[u8])> =
+        writes.iter().map(|(b, off, data)| Ok((raw_buffer(b)?, *off, *data))).collect::<Result<_>>()?;
+    gpu.with_replayer(|r| r.submit(sig, &raw, spin))
 }

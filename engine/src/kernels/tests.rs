@@ -2229,9 +2229,10 @@ fn coop_sources_are_valid_wgsl() {
 }
 
 /// A replay (`Recorder::replay`) computes what the recording says: a copy_rows dispatch and
-/// a buffer copy after it, replayed twice with new source rows written by the prologue (the
-/// second time through the program built the first time), outputs poisoned before each;
-/// a recording without a dispatch cache or with a part submitted early is refused.
+/// a buffer copy after it, run three times with new source rows (the first through wgpu,
+/// building the program; then replayed, the rows written by the prologue), outputs poisoned
+/// before each; a recording without a dispatch cache or with a part submitted early is
+/// refused.
 #[test]
 fn replay_runs_the_recording_again_with_new_writes() {
     let ga = crate::testgpu::gpu_arc();
@@ -2249,7 +2250,7 @@ fn replay_runs_the_recording_again_with_new_writes() {
     let tail = g.buffer("tail", 4 * 16).unwrap();
     let mut cache = crate::gpu::DispatchCache::default();
     let before = g.replay_programs();
-    for round in 0..2 {
+    for round in 0..3 {
         let data: Vec<f32> = (0..7 * 13).map(|_| rng.random_range(0.5f32..2.0) * if rng.random_bool(0.5) { -1.0 } else { 1.0 }).collect();
         g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; 5 * 13]));
         g.write(&tail, 0, bytemuck::cast_slice(&vec![f32::NAN; 16]));
@@ -2260,7 +2261,10 @@ fn replay_runs_the_recording_again_with_new_writes() {
         kern.copy_rows(&mut rec, Rows::at(&src, 2 * 13, 13), Rows::new(&dst, 13), rows, width).unwrap();
         rec.copy(&dst, 0, &tail, 12, 44);
         let t = rec.replay(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap();
-        g.replay_wait(t).unwrap();
+        assert_eq!(t.is_some(), round > 0, "round {round}: replayed from the second recording on");
+        if let Some(t) = t {
+            g.replay_wait(t).unwrap();
+        }
         let got = g.read_f32(&dst, 0, 5 * 13).unwrap();
         assert_eq!(got, data[2 * 13..7 * 13].to_vec(), "round {round}: the copied rows");
         let got_tail = g.read_f32(&tail, 3, 11).unwrap();
@@ -2278,7 +2282,8 @@ fn replay_runs_the_recording_again_with_new_writes() {
 }
 
 /// Past the program bound every program is dropped and rebuilt as it recurs: two
-/// signatures alternated on a replayer that keeps one, each result still right.
+/// signatures, each run twice in turn (built through wgpu, then replayed), on a replayer
+/// that keeps one, each result still right.
 #[test]
 fn replay_programs_dropped_at_the_bound_are_rebuilt() {
     let g = crate::gpu::Gpu::new(&Default::default()).unwrap();
@@ -2291,8 +2296,8 @@ fn replay_programs_dropped_at_the_bound_are_rebuilt() {
     let src = g.upload_f32("src", &vec![0.0; 6 * 7]).unwrap();
     let dst = g.buffer("dst", 4 * 6 * 7).unwrap();
     let mut cache = crate::gpu::DispatchCache::default();
-    for round in 0..4 {
-        let rows = if round % 2 == 0 { 6 } else { 3 };
+    for round in 0..6 {
+        let rows = if round % 4 < 2 { 6 } else { 3 };
         let data: Vec<f32> = (0..6 * 7).map(|_| rng.random_range(-2.0f32..2.0) + 3.0).collect();
         g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; 6 * 7]));
         g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
@@ -2300,7 +2305,10 @@ fn replay_programs_dropped_at_the_bound_are_rebuilt() {
         let mut rec = g.recorder_cached(&mut cache);
         kern.copy_rows(&mut rec, Rows::new(&src, 7), Rows::new(&dst, 7), rows, 7).unwrap();
         let t = rec.replay(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap();
-        g.replay_wait(t).unwrap();
+        assert_eq!(t.is_some(), round % 2 == 1, "round {round}: built, then replayed");
+        if let Some(t) = t {
+            g.replay_wait(t).unwrap();
+        }
         let got = g.read_f32(&dst, 0, rows as usize * 7).unwrap();
         assert_eq!(got, data[..rows as usize * 7].to_vec(), "round {round} ({rows} rows)");
         assert_eq!(g.replay_programs(), 1, "round {round}: one program kept");

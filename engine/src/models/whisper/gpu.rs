@@ -376,11 +376,12 @@ pub struct GpuWhisper {
     /// and encoded whole before its clock starts, so `host_times` holds only its submission
     /// and wait: what the GPU takes for the batch with the host's recording off the path.
     pub batch_encoded_first: bool,
-    /// Whether verify passes are replayed (`Recorder::replay`: a raw Vulkan command buffer
-    /// per distinct pass, submitted again after a prologue with its parameters and tokens)
-    /// where the device allows it (`Gpu::replay_available`), instead of encoded through
-    /// wgpu each time: on unless `VERBATIM_REPLAY_PASSES=0`; `verbatim bench` times both.
-    pub replay_passes: bool,
+    /// Whether verify passes and single steps are replayed (`Recorder::replay`: a raw
+    /// Vulkan command buffer per distinct pass or step, submitted again after a prologue
+    /// with its parameters and tokens) where the device allows it (`Gpu::replay_available`;
+    /// `VERBATIM_REPLAY=0` turns that off), instead of encoded through wgpu each time (a
+    /// step then encoded ahead while the last one runs): `verbatim bench` times both.
+    pub replay: bool,
     /// A part of the decoder (one of [`DECODE_PARTS`]) left out of every decode step and
     /// verify pass recorded from now on (`verbatim bench --step-parts`: what the part costs
     /// in the stream). For measuring only: the results are then wrong. A step already
@@ -399,6 +400,8 @@ pub struct GpuWhisper {
     steps_cache: DispatchCache,
     /// And a batch encoded whole before its clock (`batch_encoded_first`).
     batch_cache: DispatchCache,
+    /// And a replayed prompt (`decode_positions` with more than one token).
+    prompt_cache: DispatchCache,
     /// The grids of a batch's gated steps (`greedy_positions`): `gate_stride` dispatches'
     /// worth per step, zeroed on the device for the steps after a picked end-of-text.
     step_grids: Buffer,
@@ -702,7 +705,7 @@ impl GpuWhisper {
             encoder_parts: std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"),
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             batch_encoded_first: false,
-            replay_passes: std::env::var("VERBATIM_REPLAY_PASSES").map_or(true, |v| v != "0"),
+            replay: true,
             leave_out: None,
             verify_max: verify_max_setting(std::env::var("VERBATIM_VERIFY_MAX").ok().as_deref())?,
             pending: None,
@@ -711,6 +714,7 @@ impl GpuWhisper {
             ver_cache: DispatchCache::default(),
             steps_cache: DispatchCache::default(),
             batch_cache: DispatchCache::default(),
+            prompt_cache: DispatchCache::default(),
             gpu,
         })
     }
@@ -919,36 +923,59 @@ impl GpuWhisper {
         let vocab = self.dims.vocab as u32;
         let t_record = std::time::Instant::now();
         let g = self.gpu.clone();
-        g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
         let sp = select_params(rules, vocab, self.ts_begin, self.eot, 0);
         // Untimed, a single-token step is encoded while the previous one runs (below) and
         // only its token and selection rules are written now.
         let pipelined = !g.timing_dispatches();
-        // The step encoded ahead, for this position or (after a rollback, `retarget`)
-        // moved here by rewriting its parameters.
+        let replaying = self.replaying();
+        // The step encoded ahead, for this position or (after a rollback, `retarget`, where
+        // steps are not replayed) moved here by rewriting its parameters.
         let ready = match self.pending.take() {
             Some(p) if pipelined && n == 1 && p.pos0 == pos0 => Some(p),
-            Some(p) if pipelined && n == 1 && self.retarget => self.retarget_step(p, pos0, &sp)?,
+            Some(p) if pipelined && n == 1 && self.retarget && !replaying => self.retarget_step(p, pos0, &sp)?,
             _ => None,
         };
+        let mut ticket = None;
         match ready {
             Some(p) => {
+                g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
                 for (buf, off) in &p.select_slots {
                     g.queue.write_buffer(buf, *off, bytemuck::bytes_of(&sp));
                 }
                 p.enc.submit(&g, Some(&mut self.profile))?;
             }
             // No step encoded for this position (a prompt, or a step after drafts were
-            // rolled back): recorded now, and submitted in parts like a verify pass.
-            None => self.record_step_now(n, pos0, &sp)?,
+            // rolled back): replayed, its tokens in the replay's prologue (H100: 0.29-0.32
+            // ms against 0.31-0.35 moved back by `retarget`; a step encoded ahead, whose
+            // host work hid behind the last one, stays faster than replaying it), ...
+            None if replaying => {
+                // (A prompt keeps bind groups of its own: sharing the steps' would replace
+                // them slot by slot each window, and each replaced one is a new program.)
+                let (layers, logits_w) = Self::main_views(&self.dec_layers, &self.logits_q, &self.emb);
+                let cache = if n == 1 { &mut self.dec_cache } else { &mut self.prompt_cache };
+                let mut rec = g.recorder_cached(cache);
+                Self::record_decoder(&self.kern, &self.dims, &layers, logits_w, &dec_bufs!(self), &mut rec, n, pos0, &[sp], false)?;
+                ticket = rec.replay(&[(&self.tokens, 0, bytemuck::cast_slice(tokens))], Some(&mut self.profile))?;
+            }
+            // ... or recorded now and submitted in parts like a verify pass.
+            None => {
+                g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
+                self.record_step_now(n, pos0, &sp)?;
+            }
         }
         let t_submitted = std::time::Instant::now();
         self.encode_step_ahead(pos0 + n, &sp)?;
         // (The encoding of the next step, between the two, overlaps the GPU's work.)
-        self.wait_readback(t_record, t_submitted, 1, None)?;
+        self.wait_readback(t_record, t_submitted, 1, ticket)?;
         let words = self.read_scores(1)?;
         self.kv_len += n;
         Ok(scores_from_words(&words))
+    }
+
+    /// Whether this step or pass is replayed (`replay`, the device allows it, nothing left
+    /// out: a part left out is measured through wgpu's path).
+    fn replaying(&self) -> bool {
+        self.replay && self.leave_out.is_none() && self.gpu.replay_available()
     }
 
     /// Wait until the readback is mapped; the host's time recording (`t_record` to
@@ -985,7 +1012,7 @@ impl GpuWhisper {
         // The single step encoded ahead is for another position now.
         self.pending = None;
         let g = self.gpu.clone();
-        let replay = self.replay_passes && self.leave_out.is_none() && g.replay_available();
+        let replay = self.replaying();
         if !replay {
             g.write(&self.tokens, 0, bytemuck::cast_slice(tokens));
         }
@@ -1004,7 +1031,7 @@ impl GpuWhisper {
         // Replayed, the tokens go with the pass's own prologue (a queued write would land
         // only with wgpu's next submission).
         let ticket = match replay {
-            true => Some(rec.replay(&[(&self.tokens, 0, bytemuck::cast_slice(tokens))], Some(&mut self.profile))?),
+            true => rec.replay(&[(&self.tokens, 0, bytemuck::cast_slice(tokens))], Some(&mut self.profile))?,
             false => {
                 rec.submit(Some(&mut self.profile))?;
                 None
