@@ -178,3 +178,124 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         finish_pre(s, o, b, yo);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// `main_rows`: the same outputs for up to RPW activation rows in one workgroup, each weight
+// word loaded once. A verify pass of 16 positions swept the 40 MB table 16 times as grid
+// layers (`main`), from L2 where the layers ran side by side and from memory where they did
+// not: 107 us against 22 for one row in the per-kernel table (H100), a quarter of what the
+// pass's 15 extra rows cost. Here the first round's words (all of K up to 512) stay in
+// registers while each row takes its x and the same fmas, in the same order, as
+// `main` (`accum`); rows leave RB at a time through `parts_rows`, one summing thread per
+// (row, output) adding the 32 lanes' parts in lane order, as `main` does. Every verify pass
+// takes this entry (one row too); a decode step stays on `main`, which is faster for one row
+// (21.7 against 24.3 us on the H100). A verify row then equals a decode step because both
+// compute the same explicit fmas and the same ordered sums, with nothing left for the
+// compiler to contract (no multiply outside the fmas); `linear_rows_matches_reference_and_
+// rows_equal_lone_rows` holds it here and `verbatim bench` on each device before it times.
+// H100, 16 rows: 74 against 106 us in the per-kernel table. Longer rows
+// (K > 512) fetch their later rounds again for each row (from L1: the workgroup's 32 rows
+// of weights were just read). More than RPW rows go to further grid layers of RPW rows
+// (chunk fastest in the grid, so one block's chunks run side by side, as `main`'s rows).
+// No LayerNorm here (flag 16: `main`).
+
+const RPW: u32 = 16u; // activation rows per workgroup
+const RB: u32 = 4u; // rows per round through workgroup memory (RB x GROUPS x RPG summing threads)
+
+var<workgroup> parts_rows: array<f32, 4224>; // [RB][GROUPS x RPG outputs][PS]
+
+// One row's accumulation over the first round's words f0..f7 and any later rounds: `main`'s
+// `accum` calls, in its order, straight-line so that a row's x loads issue together. Two
+// variants measured slower on the H100 (16 rows): the rounds wholly past K (6 and 7 at
+// K = 384) skipped behind workgroup-uniform tests, 95 against 74 us (a load behind a branch
+// waits for the loads before it); the first round's words unpacked to f32 once for all
+// rows instead of at each row, 93 (64 more registers a thread).
+fn row_acc(f0: vec4<u32>, f1: vec4<u32>, f2: vec4<u32>, f3: vec4<u32>, f4: vec4<u32>, f5: vec4<u32>,
+           f6: vec4<u32>, f7: vec4<u32>, n0: u32, l: u32, kw: u32, xb: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    acc = accum(acc, f0, l, kw, xb);
+    acc = accum(acc, f1, l + 32u, kw, xb);
+    acc = accum(acc, f2, l + 64u, kw, xb);
+    acc = accum(acc, f3, l + 96u, kw, xb);
+    acc = accum(acc, f4, l + 128u, kw, xb);
+    acc = accum(acc, f5, l + 160u, kw, xb);
+    acc = accum(acc, f6, l + 192u, kw, xb);
+    acc = accum(acc, f7, l + 224u, kw, xb);
+    for (var w0 = 256u; w0 < kw; w0 += 256u) {
+        let h0 = fetch(n0, w0 + l, kw);
+        let h1 = fetch(n0, w0 + l + 32u, kw);
+        let h2 = fetch(n0, w0 + l + 64u, kw);
+        let h3 = fetch(n0, w0 + l + 96u, kw);
+        let h4 = fetch(n0, w0 + l + 128u, kw);
+        let h5 = fetch(n0, w0 + l + 160u, kw);
+        let h6 = fetch(n0, w0 + l + 192u, kw);
+        let h7 = fetch(n0, w0 + l + 224u, kw);
+        acc = accum(acc, h0, w0 + l, kw, xb);
+        acc = accum(acc, h1, w0 + l + 32u, kw, xb);
+        acc = accum(acc, h2, w0 + l + 64u, kw, xb);
+        acc = accum(acc, h3, w0 + l + 96u, kw, xb);
+        acc = accum(acc, h4, w0 + l + 128u, kw, xb);
+        acc = accum(acc, h5, w0 + l + 160u, kw, xb);
+        acc = accum(acc, h6, w0 + l + 192u, kw, xb);
+        acc = accum(acc, h7, w0 + l + 224u, kw, xb);
+    }
+    return acc;
+}
+
+@compute @workgroup_size(WG)
+fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let g = lid / 32u;
+    let l = lid % 32u;
+    let idx = wg.x + wg.y * 32768u;
+    let chunks = (p.m + RPW - 1u) / RPW;
+    let row_begin = (idx % chunks) * RPW;
+    let row_end = min(p.m, row_begin + RPW);
+    let block = (idx / chunks) * GROUPS * RPG;
+    let n0 = block + g * RPG;
+    let kw = p.k / 2u;
+    let f0 = fetch(n0, l, kw);
+    let f1 = fetch(n0, l + 32u, kw);
+    let f2 = fetch(n0, l + 64u, kw);
+    let f3 = fetch(n0, l + 96u, kw);
+    let f4 = fetch(n0, l + 128u, kw);
+    let f5 = fetch(n0, l + 160u, kw);
+    let f6 = fetch(n0, l + 192u, kw);
+    let f7 = fetch(n0, l + 224u, kw);
+    // Thread lid sums output o of row r0 + rr of each round.
+    let rr = lid / 32u;
+    let o = lid % 32u;
+    for (var r0 = row_begin; r0 < row_end; r0 += RB) {
+        for (var j = 0u; j < RB; j++) {
+            let row = r0 + j;
+            if (row < row_end) {
+                let acc = row_acc(f0, f1, f2, f3, f4, f5, f6, f7, n0, l, kw, p.x_off + row * p.x_stride);
+                let pb = (j * GROUPS * RPG + g * RPG) * PS + l;
+                parts_rows[pb] = acc.x;
+                parts_rows[pb + PS] = acc.y;
+                parts_rows[pb + 2u * PS] = acc.z;
+                parts_rows[pb + 3u * PS] = acc.w;
+            }
+        }
+        workgroupBarrier();
+        let row = r0 + rr;
+        let n = block + o;
+        if (rr < RB && row < row_end && n < p.n) {
+            var s = 0.0;
+            let sb = (rr * GROUPS * RPG + o) * PS;
+            for (var i = 0u; i < 32u; i++) {
+                s += parts_rows[sb + i];
+            }
+            let oi = p.y_off + row * p.y_stride + n;
+            var b = 0.0;
+            if ((p.flags & 1u) != 0u) {
+                b = bias[n];
+            }
+            var yo = 0.0;
+            if ((p.flags & 4u) != 0u) {
+                yo = y[oi];
+            }
+            finish_pre(s, oi, b, yo);
+        }
+        workgroupBarrier();
+    }
+}

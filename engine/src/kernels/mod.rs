@@ -141,6 +141,8 @@ pub const GEMV_ROWS_SOURCE: &str =
     concat!(include_str!("gelu.wgsl"), include_str!("gemv_common.wgsl"), include_str!("gemv_rows.wgsl"));
 /// Outputs per workgroup of gemv_rows.wgsl (GROUPS = 8 x RPG = 4).
 const GEMV_ROWS_OUTPUTS: u32 = 32;
+/// Activation rows per workgroup of gemv_rows.wgsl's main_rows (its RPW).
+const GEMV_ROWS_SHARED_ROWS: u32 = 16;
 /// attention.wgsl (the kernel lab times its tiled and merge entries beside its own).
 pub const ATTENTION_SOURCE: &str = concat!(include_str!("attention_io.wgsl"), include_str!("attention.wgsl"), include_str!("f16_split.wgsl"));
 
@@ -838,8 +840,13 @@ pub struct Kernels {
     gemv_m1: [Arc<Kernel>; 3],
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
-    /// The logits GEMV without and with its LayerNorm folded in (`gemv_rows_source`).
+    /// The logits GEMV without and with its LayerNorm folded in (`gemv_rows_source`): one
+    /// grid layer per activation row.
     gemv_rows: [Arc<Kernel>; 2],
+    /// Its `main_rows` entry (every weight word loaded once for up to 16 rows), which takes
+    /// a verify pass's logits (`linear_rows_pass`); None with `VERBATIM_LOGITS_LAYERS=1`
+    /// (grid layers, to compare on a device).
+    gemv_rows_shared: Option<Arc<Kernel>>,
     /// Matrices of at least this many bytes take gemv_stream ([`GEMV_WIDE_MIN_BYTES`], or
     /// `VERBATIM_GEMV_WIDE_MIN_BYTES` to compare on a device).
     gemv_wide_min_bytes: u64,
@@ -997,6 +1004,16 @@ impl Kernels {
                     gpu.kernel(plain, &gemv_rows_source(false, branchless)?, &[R, R, R, R, R, W])?,
                     gpu.kernel(ln, &gemv_rows_source(true, branchless)?, &[R, R, R, R, R, W])?,
                 ]
+            },
+            gemv_rows_shared: match std::env::var("VERBATIM_LOGITS_LAYERS").is_ok_and(|v| !v.is_empty() && v != "0") {
+                true => None,
+                false => {
+                    let (name, branchless) = match branchless_loads_wanted() {
+                        true => ("gemv_rows_f16_shared", true),
+                        false => ("gemv_rows_f16_shared_branchy", false),
+                    };
+                    Some(gpu.kernel_entry(name, &gemv_rows_source(false, branchless)?, "main_rows", &[R, R, R, R, R, W])?)
+                }
             },
             gemv_wide_min_bytes: match std::env::var("VERBATIM_GEMV_WIDE_MIN_BYTES") {
                 Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMV_WIDE_MIN_BYTES={v}: a byte count")))?,
@@ -1317,6 +1334,42 @@ impl Kernels {
         y: Rows,
         ep: Epilogue,
     ) -> Result<()> {
+        self.linear_rows_with(rec, x, m, norm, w, bias, y, ep, false)
+    }
+
+    /// [`Kernels::linear_rows`] for a verify pass: without a LayerNorm, every row count
+    /// (one too) goes to gemv_rows.wgsl's main_rows, each weight word loaded once for up to
+    /// 16 rows; each row still bit-identical to `linear_rows` of it alone (a decode step).
+    /// One kernel for every pass length: a dispatch slot of a `DispatchCache` whose kernel
+    /// changes gets a new bind group, and with it a new replay program, each time.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_rows_pass(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: Option<NormArgs>,
+        w: &F16Rows,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+    ) -> Result<()> {
+        self.linear_rows_with(rec, x, m, norm, w, bias, y, ep, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn linear_rows_with(
+        &self,
+        rec: &mut Recorder,
+        x: Rows,
+        m: u32,
+        norm: Option<NormArgs>,
+        w: &F16Rows,
+        bias: Option<&Buffer>,
+        y: Rows,
+        ep: Epilogue,
+        pass: bool,
+    ) -> Result<()> {
         if m == 0 || m > 65535 {
             return Err(Error::Invalid(format!("linear_rows: {m} rows")));
         }
@@ -1325,9 +1378,16 @@ impl Kernels {
         cost.bytes += (m as u64 - 1) * w.bytes() / 8 + if norm.is_some() { w.k as u64 * 8 } else { 0 };
         let b = bias.unwrap_or(&self.zero);
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
-        // Row fastest in the grid: a block's rows run side by side (gemv_rows.wgsl).
-        let g = grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m);
-        let kernel = &self.gemv_rows[norm.is_some() as usize];
+        // main_rows: a workgroup per block of outputs and 16 rows, each weight word loaded
+        // once for them (chunk fastest in the grid). main: row fastest in the grid, a block's
+        // rows side by side (gemv_rows.wgsl).
+        let (g, kernel) = match (&self.gemv_rows_shared, norm) {
+            (Some(k), None) if pass => {
+                cost.bytes -= (m as u64 - 1) * w.bytes() / 8;
+                (grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m.div_ceil(GEMV_ROWS_SHARED_ROWS)), k)
+            }
+            _ => (grid_1d(w.n.div_ceil(GEMV_ROWS_OUTPUTS) * m), &self.gemv_rows[norm.is_some() as usize]),
+        };
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], 1], cost)
     }
 

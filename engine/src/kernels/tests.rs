@@ -193,8 +193,13 @@ fn linear_rows_matches_reference_and_rows_equal_lone_rows() {
     run_rows_equal_lone(&mut r, rows, 4, 64, 512, true, false, false);
     run_rows_equal_lone(&mut r, biased, 8, 99, 384, true, false, false);
     run_rows_equal_lone(&mut r, rows, 11, 65, 70, true, false, true);
-    // A verify pass's logits: 8 rows already normalised (the LayerNorm is its own dispatch).
+    // A verify pass's logits: 8 and 16 rows already normalised (the LayerNorm is its own
+    // dispatch), one workgroup's rows in main_rows.
     run_rows_equal_lone(&mut r, rows, 8, 1003, 390, false, false, false);
+    run_rows_equal_lone(&mut r, rows, VERIFY_MAX_ROWS as usize, 1003, 390, false, false, false);
+    // More rows than main_rows takes in a workgroup (a second grid layer, a last round of
+    // one row), with K past 512.
+    run_rows_equal_lone(&mut r, biased, 21, 77, 1030, false, true, true);
 }
 
 /// Weights of a per-row GEMV test: f16, or quantized in a block format.
@@ -257,7 +262,7 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
     match (&fm, &qm, &rm) {
         (Some(f), _, _) => kern.linear_per_row(&mut rec, xm, m as u32, norm(), f, bo, ym, ep).unwrap(),
         (_, Some(q), _) => kern.linear_q(&mut rec, xm, m as u32, norm(), q, bo, ym, ep).unwrap(),
-        (_, _, Some(rw)) => kern.linear_rows(&mut rec, xm, m as u32, norm(), rw, bo, ym, ep).unwrap(),
+        (_, _, Some(rw)) => kern.linear_rows_pass(&mut rec, xm, m as u32, norm(), rw, bo, ym, ep).unwrap(),
         _ => unreachable!(),
     }
     for i in 0..m {
