@@ -190,13 +190,19 @@ fn seeded_pair(geom: Geometry, tag: &str) -> (u64, StdRng, Pair) {
 }
 
 fn pair(geom: Geometry, weight_seed: u64, tag: &str) -> Pair {
+    pair_on(gpu(), geom, weight_seed, tag)
+}
+
+/// `pair` on a device of its own (a test that counts what the device built, which tests
+/// running beside it on the shared one would add to).
+fn pair_on(gpu: Arc<Gpu>, geom: Geometry, weight_seed: u64, tag: &str) -> Pair {
     let dir = TempDir::new(tag);
     write_synthetic(&dir.0, &geom.dims, DType::F16, weight_seed)
         .expect("write the synthetic model");
     let ck = Checkpoint::open(&dir.0).expect("open the synthetic model");
     assert_eq!(ck.dims, geom.dims);
     let gpu =
-        GpuWhisper::load(gpu(), &ck, geom.eot, geom.timestamp_begin).expect("load on the GPU");
+        GpuWhisper::load(gpu, &ck, geom.eot, geom.timestamp_begin).expect("load on the GPU");
     let mut cpu = CpuWhisper::from_checkpoint(&ck).expect("load on the CPU");
     cpu.set_vocab_layout(geom.eot, geom.timestamp_begin)
         .unwrap();
@@ -620,8 +626,11 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
     let tag = "verify";
     let s = seed(tag);
     let mut rng = StdRng::seed_from_u64(s);
+    // A device of its own: it counts the replay programs built, which the tests beside it
+    // would add to on the shared one.
+    let own = Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)"));
     for geom in [GEOM_A, GEOM_B] {
-        let mut p = pair(geom, s, tag);
+        let mut p = pair_on(own.clone(), geom, s, tag);
         let mel = random_mel(&geom.dims, &mut rng);
         let prompt = random_tokens(3, geom.dims.vocab, &mut rng);
         // As many positions as a pass takes and the context holds after the prompt.

@@ -126,34 +126,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         ln_stats(xb, 0u, lid);
         workgroupBarrier();
     }
-    var acc = vec4<f32>(0.0);
-    acc = accum(acc, f0, l, kw, xb);
-    acc = accum(acc, f1, l + 32u, kw, xb);
-    acc = accum(acc, f2, l + 64u, kw, xb);
-    acc = accum(acc, f3, l + 96u, kw, xb);
-    acc = accum(acc, f4, l + 128u, kw, xb);
-    acc = accum(acc, f5, l + 160u, kw, xb);
-    acc = accum(acc, f6, l + 192u, kw, xb);
-    acc = accum(acc, f7, l + 224u, kw, xb);
-    // Longer rows (K > 512), eight words per round.
-    for (var w0 = 256u; w0 < kw; w0 += 256u) {
-        let h0 = fetch(n0, w0 + l, kw);
-        let h1 = fetch(n0, w0 + l + 32u, kw);
-        let h2 = fetch(n0, w0 + l + 64u, kw);
-        let h3 = fetch(n0, w0 + l + 96u, kw);
-        let h4 = fetch(n0, w0 + l + 128u, kw);
-        let h5 = fetch(n0, w0 + l + 160u, kw);
-        let h6 = fetch(n0, w0 + l + 192u, kw);
-        let h7 = fetch(n0, w0 + l + 224u, kw);
-        acc = accum(acc, h0, w0 + l, kw, xb);
-        acc = accum(acc, h1, w0 + l + 32u, kw, xb);
-        acc = accum(acc, h2, w0 + l + 64u, kw, xb);
-        acc = accum(acc, h3, w0 + l + 96u, kw, xb);
-        acc = accum(acc, h4, w0 + l + 128u, kw, xb);
-        acc = accum(acc, h5, w0 + l + 160u, kw, xb);
-        acc = accum(acc, h6, w0 + l + 192u, kw, xb);
-        acc = accum(acc, h7, w0 + l + 224u, kw, xb);
-    }
+    let acc = row_acc(f0, f1, f2, f3, f4, f5, f6, f7, n0, l, kw, xb);
     let pb = g * RPG * PS + l;
     parts[pb] = acc.x;
     parts[pb + PS] = acc.y;
@@ -185,8 +158,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 // layers (`main`), from L2 where the layers ran side by side and from memory where they did
 // not: 107 us against 22 for one row in the per-kernel table (H100), a quarter of what the
 // pass's 15 extra rows cost. Here the first round's words (all of K up to 512) stay in
-// registers while each row takes its x and the same fmas, in the same order, as
-// `main` (`accum`); rows leave RB at a time through `parts_rows`, one summing thread per
+// registers while each row takes its x through `row_acc`, as `main` does; rows leave RB at a time through `parts_rows`, one summing thread per
 // (row, output) adding the 32 lanes' parts in lane order, as `main` does. Every verify pass
 // takes this entry (one row too); a decode step stays on `main`, which is faster for one row
 // (21.7 against 24.3 us on the H100). A verify row then equals a decode step because both
@@ -204,12 +176,13 @@ const RB: u32 = 4u; // rows per round through workgroup memory (RB x GROUPS x RP
 
 var<workgroup> parts_rows: array<f32, 4224>; // [RB][GROUPS x RPG outputs][PS]
 
-// One row's accumulation over the first round's words f0..f7 and any later rounds: `main`'s
-// `accum` calls, in its order, straight-line so that a row's x loads issue together. Two
-// variants measured slower on the H100 (16 rows): the rounds wholly past K (6 and 7 at
-// K = 384) skipped behind workgroup-uniform tests, 95 against 74 us (a load behind a branch
-// waits for the loads before it); the first round's words unpacked to f32 once for all
-// rows instead of at each row, 93 (64 more registers a thread).
+// One row's accumulation over the first round's words f0..f7 (all of K up to 512) and any
+// later rounds, eight words a round (K > 512), for `main` and `main_rows` alike:
+// straight-line, so that a row's x loads issue together. Two main_rows variants measured
+// slower on the H100 (16 rows): the rounds wholly past K (6 and 7 at K = 384) skipped behind
+// workgroup-uniform tests, 95 against 74 us (a load behind a branch waits for the loads
+// before it); the first round's words unpacked to f32 once for all rows instead of at each
+// row, 93 (64 more registers a thread).
 fn row_acc(f0: vec4<u32>, f1: vec4<u32>, f2: vec4<u32>, f3: vec4<u32>, f4: vec4<u32>, f5: vec4<u32>,
            f6: vec4<u32>, f7: vec4<u32>, n0: u32, l: u32, kw: u32, xb: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);

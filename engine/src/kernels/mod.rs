@@ -844,7 +844,7 @@ pub struct Kernels {
     /// grid layer per activation row.
     gemv_rows: [Arc<Kernel>; 2],
     /// Its `main_rows` entry (every weight word loaded once for up to 16 rows), which takes
-    /// a verify pass's logits (`linear_rows_pass`); None with `VERBATIM_LOGITS_LAYERS=1`
+    /// a verify pass's logits (`linear_rows` with `pass`); None with `VERBATIM_LOGITS_LAYERS=1`
     /// (grid layers, to compare on a device).
     gemv_rows_shared: Option<Arc<Kernel>>,
     /// Matrices of at least this many bytes take gemv_stream ([`GEMV_WIDE_MIN_BYTES`], or
@@ -1320,45 +1320,13 @@ impl Kernels {
 
     /// y[r] (=|+=) act(LayerNorm(x[r]) · Wᵀ + b) (`norm` Some) or act(x[r] · Wᵀ + b) for any
     /// number of rows over a row-major matrix (gemv_rows.wgsl: the logits over the
-    /// embedding table), one grid layer per row, each row bit-identical to the same row
-    /// alone.
+    /// embedding table), each row bit-identical to the same row alone: one grid layer per
+    /// row, or (`pass`: a verify pass's logits, one row too, without a LayerNorm) main_rows,
+    /// each weight word loaded once for up to 16 rows. A verify pass always takes main_rows
+    /// and a decode step `main`: a kernel that changes between calls in one `DispatchCache`
+    /// slot gets a new bind group, and with it a new replay program, each time.
     #[allow(clippy::too_many_arguments)]
     pub fn linear_rows(
-        &self,
-        rec: &mut Recorder,
-        x: Rows,
-        m: u32,
-        norm: Option<NormArgs>,
-        w: &F16Rows,
-        bias: Option<&Buffer>,
-        y: Rows,
-        ep: Epilogue,
-    ) -> Result<()> {
-        self.linear_rows_with(rec, x, m, norm, w, bias, y, ep, false)
-    }
-
-    /// [`Kernels::linear_rows`] for a verify pass: without a LayerNorm, every row count
-    /// (one too) goes to gemv_rows.wgsl's main_rows, each weight word loaded once for up to
-    /// 16 rows; each row still bit-identical to `linear_rows` of it alone (a decode step).
-    /// One kernel for every pass length: a dispatch slot of a `DispatchCache` whose kernel
-    /// changes gets a new bind group, and with it a new replay program, each time.
-    #[allow(clippy::too_many_arguments)]
-    pub fn linear_rows_pass(
-        &self,
-        rec: &mut Recorder,
-        x: Rows,
-        m: u32,
-        norm: Option<NormArgs>,
-        w: &F16Rows,
-        bias: Option<&Buffer>,
-        y: Rows,
-        ep: Epilogue,
-    ) -> Result<()> {
-        self.linear_rows_with(rec, x, m, norm, w, bias, y, ep, true)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn linear_rows_with(
         &self,
         rec: &mut Recorder,
         x: Rows,

@@ -262,7 +262,7 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
     match (&fm, &qm, &rm) {
         (Some(f), _, _) => kern.linear_per_row(&mut rec, xm, m as u32, norm(), f, bo, ym, ep).unwrap(),
         (_, Some(q), _) => kern.linear_q(&mut rec, xm, m as u32, norm(), q, bo, ym, ep).unwrap(),
-        (_, _, Some(rw)) => kern.linear_rows_pass(&mut rec, xm, m as u32, norm(), rw, bo, ym, ep).unwrap(),
+        (_, _, Some(rw)) => kern.linear_rows(&mut rec, xm, m as u32, norm(), rw, bo, ym, ep, true).unwrap(),
         _ => unreachable!(),
     }
     for i in 0..m {
@@ -272,7 +272,7 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
             (Some(f), _, _, Some(nm)) => kern.linear_ln(&mut rec, x1, 1, nm, &scratch, f, bo, y1, ep).unwrap(),
             (Some(f), _, _, None) => kern.linear(&mut rec, x1, 1, f, bo, y1, ep).unwrap(),
             (_, Some(q), _, nm) => kern.linear_q(&mut rec, x1, 1, nm, q, bo, y1, ep).unwrap(),
-            (_, _, Some(rw), nm) => kern.linear_rows(&mut rec, x1, 1, nm, rw, bo, y1, ep).unwrap(),
+            (_, _, Some(rw), nm) => kern.linear_rows(&mut rec, x1, 1, nm, rw, bo, y1, ep, false).unwrap(),
             _ => unreachable!(),
         }
     }
@@ -1591,7 +1591,7 @@ fn attention_merged_into_the_projection_matches_reference() {
     let rw = F16Rows::from_bits(g, "rw", &[0u16; 6], 2, 3);
     assert!(rw.is_err(), "rows of an odd width cannot be packed in pairs");
     let rw = F16Rows::from_bits(g, "rw", &[0u16; 8], 2, 4).unwrap();
-    assert!(kern.linear_rows(&mut rec, Rows::new(&y, 4), 0, None, &rw, None, Rows::new(&y, 2), ep).is_err());
+    assert!(kern.linear_rows(&mut rec, Rows::new(&y, 4), 0, None, &rw, None, Rows::new(&y, 2), ep, false).is_err());
     // The blocked attention takes head_dim 64 without a causal mask over at least one key:
     // anything else is an error, not a wrong output.
     let blocked = AttentionArgs { tq: 40, ..args };

@@ -1296,8 +1296,7 @@ impl GpuWhisper {
         let lin_m = |rec: &mut Recorder, x: Rows, m: u32, norm: Option<&Norm>, w: WRef, bias: Option<&Buffer>, y: Rows, ep: Epilogue| -> Result<()> {
             match w {
                 WRef::Q(q) => k.linear_q(rec, x, m, norm.map(ln), q, bias, y, ep),
-                WRef::Rows(r) if per_row => k.linear_rows_pass(rec, x, m, norm.map(ln), r, bias, y, ep),
-                WRef::Rows(r) => k.linear_rows(rec, x, m, norm.map(ln), r, bias, y, ep),
+                WRef::Rows(r) => k.linear_rows(rec, x, m, norm.map(ln), r, bias, y, ep, per_row),
                 WRef::F16(f) if per_row => k.linear_per_row(rec, x, m, norm.map(ln), f, bias, y, ep),
                 WRef::F16(f) => match norm {
                     Some(nm) => k.linear_ln(rec, x, m, ln(nm), b.dec_xn, f, bias, y, ep),
