@@ -103,6 +103,20 @@ fn accum(acc: vec4<f32>, ws: vec4<u32>, wi: u32, kw: u32, xb: u32) -> vec4<f32> 
     return select(acc, r, wi < kw);
 }
 
+// The first round's words of the group's 4 rows: words l + 32 i, i < 8 (all of K up to 512),
+// in named fields (an indexed private array could land in local memory).
+struct FirstRound {
+    f0: vec4<u32>, f1: vec4<u32>, f2: vec4<u32>, f3: vec4<u32>,
+    f4: vec4<u32>, f5: vec4<u32>, f6: vec4<u32>, f7: vec4<u32>,
+}
+
+fn first_round(n0: u32, l: u32, kw: u32) -> FirstRound {
+    return FirstRound(
+        fetch(n0, l, kw), fetch(n0, l + 32u, kw), fetch(n0, l + 64u, kw), fetch(n0, l + 96u, kw),
+        fetch(n0, l + 128u, kw), fetch(n0, l + 160u, kw), fetch(n0, l + 192u, kw), fetch(n0, l + 224u, kw),
+    );
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let g = lid / 32u;
@@ -114,19 +128,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let kw = p.k / 2u;
     let xb = p.x_off + row * p.x_stride;
     // The first round (words l + 32 i, i < 8: all of K up to 512) before the statistics.
-    let f0 = fetch(n0, l, kw);
-    let f1 = fetch(n0, l + 32u, kw);
-    let f2 = fetch(n0, l + 64u, kw);
-    let f3 = fetch(n0, l + 96u, kw);
-    let f4 = fetch(n0, l + 128u, kw);
-    let f5 = fetch(n0, l + 160u, kw);
-    let f6 = fetch(n0, l + 192u, kw);
-    let f7 = fetch(n0, l + 224u, kw);
+    let f = first_round(n0, l, kw);
     if (ln_on()) {
         ln_stats(xb, 0u, lid);
         workgroupBarrier();
     }
-    let acc = row_acc(f0, f1, f2, f3, f4, f5, f6, f7, n0, l, kw, xb);
+    let acc = row_acc(f, n0, l, kw, xb);
     let pb = g * RPG * PS + l;
     parts[pb] = acc.x;
     parts[pb + PS] = acc.y;
@@ -139,17 +146,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var i = 0u; i < 32u; i++) {
             s += parts[lid * PS + i];
         }
-        let o = p.y_off + row * p.y_stride + n;
-        var b = 0.0;
-        if ((p.flags & 1u) != 0u) {
-            b = bias[n];
-        }
-        var yo = 0.0;
-        if ((p.flags & 4u) != 0u) {
-            yo = y[o];
-        }
-        finish_pre(s, o, b, yo);
+        write_output(s, row, n);
     }
+}
+
+// Output n of activation row `row` from its sum s: + bias, GELU, + the old y (flags 1, 2, 4).
+fn write_output(s: f32, row: u32, n: u32) {
+    let o = p.y_off + row * p.y_stride + n;
+    var b = 0.0;
+    if ((p.flags & 1u) != 0u) {
+        b = bias[n];
+    }
+    var yo = 0.0;
+    if ((p.flags & 4u) != 0u) {
+        yo = y[o];
+    }
+    finish_pre(s, o, b, yo);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -176,24 +188,23 @@ const RB: u32 = 4u; // rows per round through workgroup memory (RB x GROUPS x RP
 
 var<workgroup> parts_rows: array<f32, 4224>; // [RB][GROUPS x RPG outputs][PS]
 
-// One row's accumulation over the first round's words f0..f7 (all of K up to 512) and any
+// One row's accumulation over the first round's words (all of K up to 512) and any
 // later rounds, eight words a round (K > 512), for `main` and `main_rows` alike:
 // straight-line, so that a row's x loads issue together. Two main_rows variants measured
 // slower on the H100 (16 rows): the rounds wholly past K (6 and 7 at K = 384) skipped behind
 // workgroup-uniform tests, 95 against 74 us (a load behind a branch waits for the loads
 // before it); the first round's words unpacked to f32 once for all rows instead of at each
 // row, 93 (64 more registers a thread).
-fn row_acc(f0: vec4<u32>, f1: vec4<u32>, f2: vec4<u32>, f3: vec4<u32>, f4: vec4<u32>, f5: vec4<u32>,
-           f6: vec4<u32>, f7: vec4<u32>, n0: u32, l: u32, kw: u32, xb: u32) -> vec4<f32> {
+fn row_acc(f: FirstRound, n0: u32, l: u32, kw: u32, xb: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
-    acc = accum(acc, f0, l, kw, xb);
-    acc = accum(acc, f1, l + 32u, kw, xb);
-    acc = accum(acc, f2, l + 64u, kw, xb);
-    acc = accum(acc, f3, l + 96u, kw, xb);
-    acc = accum(acc, f4, l + 128u, kw, xb);
-    acc = accum(acc, f5, l + 160u, kw, xb);
-    acc = accum(acc, f6, l + 192u, kw, xb);
-    acc = accum(acc, f7, l + 224u, kw, xb);
+    acc = accum(acc, f.f0, l, kw, xb);
+    acc = accum(acc, f.f1, l + 32u, kw, xb);
+    acc = accum(acc, f.f2, l + 64u, kw, xb);
+    acc = accum(acc, f.f3, l + 96u, kw, xb);
+    acc = accum(acc, f.f4, l + 128u, kw, xb);
+    acc = accum(acc, f.f5, l + 160u, kw, xb);
+    acc = accum(acc, f.f6, l + 192u, kw, xb);
+    acc = accum(acc, f.f7, l + 224u, kw, xb);
     for (var w0 = 256u; w0 < kw; w0 += 256u) {
         let h0 = fetch(n0, w0 + l, kw);
         let h1 = fetch(n0, w0 + l + 32u, kw);
@@ -226,14 +237,7 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     let block = (idx / chunks) * GROUPS * RPG;
     let n0 = block + g * RPG;
     let kw = p.k / 2u;
-    let f0 = fetch(n0, l, kw);
-    let f1 = fetch(n0, l + 32u, kw);
-    let f2 = fetch(n0, l + 64u, kw);
-    let f3 = fetch(n0, l + 96u, kw);
-    let f4 = fetch(n0, l + 128u, kw);
-    let f5 = fetch(n0, l + 160u, kw);
-    let f6 = fetch(n0, l + 192u, kw);
-    let f7 = fetch(n0, l + 224u, kw);
+    let f = first_round(n0, l, kw);
     // Thread lid sums output o of row r0 + rr of each round.
     let rr = lid / 32u;
     let o = lid % 32u;
@@ -241,7 +245,7 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         for (var j = 0u; j < RB; j++) {
             let row = r0 + j;
             if (row < row_end) {
-                let acc = row_acc(f0, f1, f2, f3, f4, f5, f6, f7, n0, l, kw, p.x_off + row * p.x_stride);
+                let acc = row_acc(f, n0, l, kw, p.x_off + row * p.x_stride);
                 let pb = (j * GROUPS * RPG + g * RPG) * PS + l;
                 parts_rows[pb] = acc.x;
                 parts_rows[pb + PS] = acc.y;
@@ -258,16 +262,7 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             for (var i = 0u; i < 32u; i++) {
                 s += parts_rows[sb + i];
             }
-            let oi = p.y_off + row * p.y_stride + n;
-            var b = 0.0;
-            if ((p.flags & 1u) != 0u) {
-                b = bias[n];
-            }
-            var yo = 0.0;
-            if ((p.flags & 4u) != 0u) {
-                yo = y[oi];
-            }
-            finish_pre(s, oi, b, yo);
+            write_output(s, row, n);
         }
         workgroupBarrier();
     }
