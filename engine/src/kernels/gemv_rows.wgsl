@@ -30,6 +30,8 @@
 // come from memory once and from L2 for the other rows. With the row as grid layer z (each
 // row a whole sweep of the 40 MB table, one after the other) the logits of a verify pass of
 // 8 positions cost 8 single rows, 234 us of its ~660 in the H200's per-kernel profile.
+// (A verify pass's logits now take `main_rows`, below; `main` serves decode steps, prompts
+// and the LayerNorm variant.)
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -170,8 +172,9 @@ fn write_output(s: f32, row: u32, n: u32) {
 // layers (`main`), from L2 where the layers ran side by side and from memory where they did
 // not: 107 us against 22 for one row in the per-kernel table (H100), a quarter of what the
 // pass's 15 extra rows cost. Here the first round's words (all of K up to 512) stay in
-// registers while each row takes its x through `row_acc`, as `main` does; rows leave RB at a time through `parts_rows`, one summing thread per
-// (row, output) adding the 32 lanes' parts in lane order, as `main` does. Every verify pass
+// registers while each row takes its x through `row_acc`, as `main` does; rows leave RB at
+// a time through `parts_rows`, one summing thread per (row, output) adding the 32 lanes'
+// parts in lane order, as `main`'s summing threads do. Every verify pass
 // takes this entry (one row too); a decode step stays on `main`, which is faster for one row
 // (21.7 against 24.3 us on the H100). A verify row then equals a decode step because both
 // compute the same explicit fmas and the same ordered sums, with nothing left for the
