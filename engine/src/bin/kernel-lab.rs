@@ -109,7 +109,8 @@ const USAGE: &str = "usage: kernel-lab [--small] [--mib N] [--batches B] [--reps
   --gemm-only  with --direct-only: the GEMM rows only (and the shipped GEMM over grids of 1 to
                2256 workgroups and K of 32 to 1536: latency or throughput)
   --rows-only  only the copy ceiling, the row-major GEMV (gemv_rows.wgsl) and the decode GEMVs
-               with and without their folded LayerNorm, on --n x --k
+               with and without their folded LayerNorm, on --n x --k; and a verify pass's
+               logits over 16, 8 and 4 rows (grid layers against main_rows, RB 2 / 4 / 8)
   --gemv-only  everything but the cooperative-matrix sections (GEMVs, dispatch and submit costs)
   --grid-only  only the grid-barrier rows: --chain phases of one dispatch synchronised through a
                counter in memory, and a chain of 36 decode GEMVs (384 x 384) as dependent
@@ -2160,6 +2161,10 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
     };
     // [layout][LayerNorm]: k-major, row-major; without, with.
     let refs = [[kmajor(&xr), kmajor(&xn)], [rowmajor(&xr), rowmajor(&xn)]];
+    // A verify pass's rows (the multi-row logits below).
+    let mmax = engine::kernels::VERIFY_MAX_ROWS as usize;
+    let xm: Vec<f32> = (0..mmax * ku).map(|_| 3.0 + unit(&mut st)).collect();
+    let refs_m: Vec<Vec<f64>> = xm.chunks_exact(ku).map(|r| rowmajor(&r.iter().map(|v| *v as f64).collect::<Vec<_>>())).collect();
     let xb = gpu.upload_f32("lab decode gemv x", &x)?;
     let gb = gpu.upload_f32("lab decode gemv gamma", &gamma)?;
     let bb = gpu.upload_f32("lab decode gemv beta", &beta)?;
@@ -2247,6 +2252,52 @@ fn decode_gemv_rows(lab: &Lab, n: u32, k: u32, reps: u32) -> LabResult<Vec<Row>>
             row.indep = Some(lab.time(&kernel, &binds, g, reps)?);
         }
         rows.push(row);
+    }
+
+    // A verify pass's logits: m activation rows over the same row-major matrix, as grid
+    // layers (`main`: one sweep of the matrix a row) and in one workgroup per block of
+    // outputs and 16 rows (`main_rows`, what verify passes take; RB rows a round through
+    // workgroup memory, 4 as shipped, rewritten to 2 and 8). Every row checked against its
+    // reference.
+    let xmb = gpu.upload_f32("lab decode gemv x rows", &xm)?;
+    let yms = (0..reps).map(|_| gpu.buffer("lab decode gemv y rows", (mmax * nu * 4) as u64)).collect::<Result<Vec<_>, _>>()?;
+    let (rb_line, parts_line) = ("const RB: u32 = 4u;", "var<workgroup> parts_rows: array<f32, 4224>;");
+    let mut multi = Vec::new();
+    for (name, entry, rb) in [("layers", "main", 0u32), ("shared", "main_rows", 4), ("shared.rb2", "main_rows", 2), ("shared.rb8", "main_rows", 8)] {
+        let code = if rb == 0 || rb == 4 {
+            engine::kernels::gemv_rows_source(false, true)?
+        } else {
+            let (to_rb, to_parts) = (format!("const RB: u32 = {rb}u;"), format!("var<workgroup> parts_rows: array<f32, {}>;", 1056 * rb));
+            let code = engine::kernels::rewrite_source(name, &engine::kernels::gemv_rows_source(false, true)?, &[(rb_line, &to_rb), (parts_line, &to_parts)])?;
+            assert!(code.contains(&to_rb) && code.contains(&to_parts), "rows.m.{name}: the rewrite did not apply");
+            code
+        };
+        let r = Access::Read;
+        multi.push((name, entry, gpu.kernel_entry(static_name(&format!("lab.decode.rows.m.{name}")), &code, entry, &[r, r, r, r, r, Access::ReadWrite])?));
+    }
+    for m in [mmax as u32, 8, 4] {
+        let params_m = lab.uniform(&[m, n, k, 0, 0, k, 0, n, 0, 0, 0, 0]);
+        for (name, entry, kernel) in &multi {
+            let vname = format!("rows.m{m}.{name}");
+            let per_grid = if *entry == "main" { m } else { m.div_ceil(engine::kernels::VERIFY_MAX_ROWS) };
+            let g = grid(n.div_ceil(32) as u64 * per_grid as u64);
+            let mut row = Row::new(Section::Gemv, &vname, &format!("{m} rows: {entry} ({name})"));
+            row.bytes = Some(n as u64 * k as u64 * 2 + m as u64 * (k as u64 + n as u64) * 4);
+            eprintln!("  {vname}");
+            let binds: Vec<wgpu::BindGroup> = yms.iter().map(|y| lab.bind(kernel, &params_m, &[&xmb, &wb, &zero, &zero, &zero, y])).collect();
+            gpu.fill_u32(&yms[0], 0x7fc0_0000);
+            lab.run_once(kernel, &binds[0], g)?;
+            let got = gpu.read_f32(&yms[0], 0, m as usize * nu)?;
+            let rel = got.chunks_exact(nu).zip(&refs_m).map(|(y, want)| rel_to(y, want)).fold(0f64, |a, b| if b.is_nan() { f64::NAN } else { a.max(b) });
+            if !rel.is_finite() || rel > REL_BOUND {
+                row.check = format!("WRONG rel {rel:.1e}");
+            } else {
+                row.check = format!("ok {rel:.0e}");
+                row.dep = Some(lab.time(kernel, &binds[..1], g, reps)?);
+                row.indep = Some(lab.time(kernel, &binds, g, reps)?);
+            }
+            rows.push(row);
+        }
     }
 
     // The shipped decode GEMV (m1 with its LayerNorm) on weights that are not hot: the same
