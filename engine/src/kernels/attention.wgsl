@@ -440,13 +440,97 @@ fn acc_pre(acc0: f32, vr: vec4<f32>, r: u32, g: u32, n: u32) -> f32 {
     return acc;
 }
 
-fn qs4(c: u32) -> vec4<f32> {
-    return vec4<f32>(qs[c], qs[c + 1u], qs[c + 2u], qs[c + 3u]);
+// The keys a thread of the head_dim-64 split paths scores from (main_split, main_split_rows):
+// thread (key kq = lid / 4 + 64 r, quarter lid % 4) holds dimensions 4 quarter + 16 i
+// (i < 4) of key j_lo + kq as a{r}, b{r}, e{r}, f{r}, so that four neighbouring threads read
+// 64 contiguous bytes of a key. One thread per key reading its own 64 floats made every
+// load of a warp touch 32 cache lines (keys are a row stride apart): cross-attention over
+// 1500 frames cost ~20 us a split in a decode step. All 16 loads are issued together,
+// before q's barrier.
+struct SplitKeys {
+    a0: vec4<f32>, b0: vec4<f32>, e0: vec4<f32>, f0: vec4<f32>,
+    a1: vec4<f32>, b1: vec4<f32>, e1: vec4<f32>, f1: vec4<f32>,
+    a2: vec4<f32>, b2: vec4<f32>, e2: vec4<f32>, f2: vec4<f32>,
+    a3: vec4<f32>, b3: vec4<f32>, e3: vec4<f32>, f3: vec4<f32>,
 }
 
-// One round's partial score: dimensions 4 part + 16 i (i < 4) of a key against q.
-fn kdot(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>, part: u32) -> f32 {
-    let t = fma(qs4(4u * part), a, fma(qs4(4u * part + 16u), b, fma(qs4(4u * part + 32u), c, qs4(4u * part + 48u) * e)));
+fn split_keys64(j_lo: u32, j_hi: u32, sk: u32, h: u32, lid: u32) -> SplitKeys {
+    let part = lid % 4u;
+    let kq = lid / 4u;
+    let ok0 = kq < sk && j_lo + kq < j_hi;
+    let ok1 = kq + 64u < sk && j_lo + kq + 64u < j_hi;
+    let ok2 = kq + 128u < sk && j_lo + kq + 128u < j_hi;
+    let ok3 = kq + 192u < sk && j_lo + kq + 192u < j_hi;
+    let c0 = h * 64u + 4u * part;
+    var r: SplitKeys;
+    r.a0 = key4(j_lo + kq, c0, ok0);
+    r.b0 = key4(j_lo + kq, c0 + 16u, ok0);
+    r.e0 = key4(j_lo + kq, c0 + 32u, ok0);
+    r.f0 = key4(j_lo + kq, c0 + 48u, ok0);
+    r.a1 = key4(j_lo + kq + 64u, c0, ok1);
+    r.b1 = key4(j_lo + kq + 64u, c0 + 16u, ok1);
+    r.e1 = key4(j_lo + kq + 64u, c0 + 32u, ok1);
+    r.f1 = key4(j_lo + kq + 64u, c0 + 48u, ok1);
+    r.a2 = key4(j_lo + kq + 128u, c0, ok2);
+    r.b2 = key4(j_lo + kq + 128u, c0 + 16u, ok2);
+    r.e2 = key4(j_lo + kq + 128u, c0 + 32u, ok2);
+    r.f2 = key4(j_lo + kq + 128u, c0 + 48u, ok2);
+    r.a3 = key4(j_lo + kq + 192u, c0, ok3);
+    r.b3 = key4(j_lo + kq + 192u, c0 + 16u, ok3);
+    r.e3 = key4(j_lo + kq + 192u, c0 + 32u, ok3);
+    r.f3 = key4(j_lo + kq + 192u, c0 + 48u, ok3);
+    return r;
+}
+
+// The values too: thread (dimension lid % 64, group g = lid / 64) sums p v over keys g,
+// g + 4, ... (as `attend` does), so it needs at most 64 values (`val4`'s rounds r < 16),
+// loaded with the keys. Loaded after the softmax, they cost four more trips to memory
+// (rounds of 16 keys) at the end of every split.
+struct SplitVals {
+    v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
+    v4: vec4<f32>, v5: vec4<f32>, v6: vec4<f32>, v7: vec4<f32>,
+    v8: vec4<f32>, v9: vec4<f32>, v10: vec4<f32>, v11: vec4<f32>,
+    v12: vec4<f32>, v13: vec4<f32>, v14: vec4<f32>, v15: vec4<f32>,
+}
+
+fn split_vals64(j_lo: u32, n: u32, h: u32, lid: u32) -> SplitVals {
+    let g = lid / 64u;
+    let vb = p.v_off + (j_lo + g) * p.v_stride + h * 64u + lid % 64u;
+    let vs4 = 4u * p.v_stride;
+    var r: SplitVals;
+    r.v0 = val4(vb, vs4, 0u, g, n);
+    r.v1 = val4(vb, vs4, 1u, g, n);
+    r.v2 = val4(vb, vs4, 2u, g, n);
+    r.v3 = val4(vb, vs4, 3u, g, n);
+    r.v4 = val4(vb, vs4, 4u, g, n);
+    r.v5 = val4(vb, vs4, 5u, g, n);
+    r.v6 = val4(vb, vs4, 6u, g, n);
+    r.v7 = val4(vb, vs4, 7u, g, n);
+    r.v8 = val4(vb, vs4, 8u, g, n);
+    r.v9 = val4(vb, vs4, 9u, g, n);
+    r.v10 = val4(vb, vs4, 10u, g, n);
+    r.v11 = val4(vb, vs4, 11u, g, n);
+    r.v12 = val4(vb, vs4, 12u, g, n);
+    r.v13 = val4(vb, vs4, 13u, g, n);
+    r.v14 = val4(vb, vs4, 14u, g, n);
+    r.v15 = val4(vb, vs4, 15u, g, n);
+    return r;
+}
+
+// Query rows of head_dim 64, scaled, for the head_dim-64 paths: [row][64] (main_split
+// uses row 0, main_split_rows one per query of its group).
+var<workgroup> qsr: array<f32, 256>;
+
+fn qr4(c: u32) -> vec4<f32> {
+    return vec4<f32>(qsr[c], qsr[c + 1u], qsr[c + 2u], qsr[c + 3u]);
+}
+
+// One round's partial score: dimensions 4 part + 16 i (i < 4) of a key against query row
+// `row` of `qsr`. main_split and main_split_rows both score through this one function, so a
+// row scored in a group is scored as it is alone.
+fn kdot_row(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>, part: u32, row: u32) -> f32 {
+    let qb = 64u * row + 4u * part;
+    let t = fma(qr4(qb), a, fma(qr4(qb + 16u), b, fma(qr4(qb + 32u), c, qr4(qb + 48u) * e)));
     return t.x + t.y + t.z + t.w;
 }
 
@@ -495,70 +579,23 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let j = j_lo + lid;
     let valid = lid < sk && j < j_hi;
     if (d == 64u && sk <= AW) {
-        // head_dim 64 (every Whisper): four threads per key, thread (key lid / 4 + 64 r,
-        // quarter lid % 4) reading dimensions 4 quarter + 16 i as vec4, so that four
-        // neighbouring threads read 64 contiguous bytes of a key. One thread per key
-        // reading its own 64 floats made every load of a warp touch 32 cache lines (keys
-        // are a row stride apart): cross-attention over 1500 frames cost ~20 us a split in
-        // a decode step. All 16 loads are issued before q's barrier.
+        // head_dim 64 (every Whisper): four threads per key (split_keys64), the values
+        // loaded with the keys (split_vals64).
         let part = lid % 4u;
-        let kq = lid / 4u;
-        let hb = h * 64u;
-        let ok0 = kq < sk && j_lo + kq < j_hi;
-        let ok1 = kq + 64u < sk && j_lo + kq + 64u < j_hi;
-        let ok2 = kq + 128u < sk && j_lo + kq + 128u < j_hi;
-        let ok3 = kq + 192u < sk && j_lo + kq + 192u < j_hi;
-        let c0 = hb + 4u * part;
-        let a0 = key4(j_lo + kq, c0, ok0);
-        let b0 = key4(j_lo + kq, c0 + 16u, ok0);
-        let e0 = key4(j_lo + kq, c0 + 32u, ok0);
-        let f0 = key4(j_lo + kq, c0 + 48u, ok0);
-        let a1 = key4(j_lo + kq + 64u, c0, ok1);
-        let b1 = key4(j_lo + kq + 64u, c0 + 16u, ok1);
-        let e1 = key4(j_lo + kq + 64u, c0 + 32u, ok1);
-        let f1 = key4(j_lo + kq + 64u, c0 + 48u, ok1);
-        let a2 = key4(j_lo + kq + 128u, c0, ok2);
-        let b2 = key4(j_lo + kq + 128u, c0 + 16u, ok2);
-        let e2 = key4(j_lo + kq + 128u, c0 + 32u, ok2);
-        let f2 = key4(j_lo + kq + 128u, c0 + 48u, ok2);
-        let a3 = key4(j_lo + kq + 192u, c0, ok3);
-        let b3 = key4(j_lo + kq + 192u, c0 + 16u, ok3);
-        let e3 = key4(j_lo + kq + 192u, c0 + 32u, ok3);
-        let f3 = key4(j_lo + kq + 192u, c0 + 48u, ok3);
-        // The values too: thread (dimension lid % 64, group g = lid / 64) sums p v over
-        // keys g, g + 4, ... (as `attend` does), so it needs at most 64 values, loaded
-        // here with the keys. Loaded after the softmax, they cost four more trips to memory
-        // (rounds of 16 keys) at the end of every split.
+        let ks = split_keys64(j_lo, j_hi, sk, h, lid);
         let g = lid / 64u;
         let n = select(0u, j_hi - j_lo, j_hi > j_lo);
-        let vb = p.v_off + (j_lo + g) * p.v_stride + hb + lid % 64u;
-        let vs4 = 4u * p.v_stride;
-        let v0 = val4(vb, vs4, 0u, g, n);
-        let v1 = val4(vb, vs4, 1u, g, n);
-        let v2 = val4(vb, vs4, 2u, g, n);
-        let v3 = val4(vb, vs4, 3u, g, n);
-        let v4 = val4(vb, vs4, 4u, g, n);
-        let v5 = val4(vb, vs4, 5u, g, n);
-        let v6 = val4(vb, vs4, 6u, g, n);
-        let v7 = val4(vb, vs4, 7u, g, n);
-        let v8 = val4(vb, vs4, 8u, g, n);
-        let v9 = val4(vb, vs4, 9u, g, n);
-        let v10 = val4(vb, vs4, 10u, g, n);
-        let v11 = val4(vb, vs4, 11u, g, n);
-        let v12 = val4(vb, vs4, 12u, g, n);
-        let v13 = val4(vb, vs4, 13u, g, n);
-        let v14 = val4(vb, vs4, 14u, g, n);
-        let v15 = val4(vb, vs4, 15u, g, n);
+        let vs = split_vals64(j_lo, n, h, lid);
         let qb = p.q_off + qi * p.q_stride + h * d;
         if (lid < 64u) {
-            qs[lid] = q[qb + lid] * p.scale;
+            qsr[lid] = q[qb + lid] * p.scale;
         }
         workgroupBarrier();
         // partial of (key kk, quarter) at kpart[4 kk + quarter] = kpart[256 r + lid]
-        kpart[lid] = kdot(a0, b0, e0, f0, part);
-        kpart[256u + lid] = kdot(a1, b1, e1, f1, part);
-        kpart[512u + lid] = kdot(a2, b2, e2, f2, part);
-        kpart[768u + lid] = kdot(a3, b3, e3, f3, part);
+        kpart[lid] = kdot_row(ks.a0, ks.b0, ks.e0, ks.f0, part, 0u);
+        kpart[256u + lid] = kdot_row(ks.a1, ks.b1, ks.e1, ks.f1, part, 0u);
+        kpart[512u + lid] = kdot_row(ks.a2, ks.b2, ks.e2, ks.f2, part, 0u);
+        kpart[768u + lid] = kdot_row(ks.a3, ks.b3, ks.e3, ks.f3, part, 0u);
         workgroupBarrier();
         var s64 = NEG;
         if (valid) {
@@ -567,22 +604,22 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         let sm = split_softmax(s64, lid);
         // The same fmas in the same key order as `attend`'s rounds: the same bits.
         var acc = 0.0;
-        acc = acc_pre(acc, v0, 0u, g, n);
-        acc = acc_pre(acc, v1, 1u, g, n);
-        acc = acc_pre(acc, v2, 2u, g, n);
-        acc = acc_pre(acc, v3, 3u, g, n);
-        acc = acc_pre(acc, v4, 4u, g, n);
-        acc = acc_pre(acc, v5, 5u, g, n);
-        acc = acc_pre(acc, v6, 6u, g, n);
-        acc = acc_pre(acc, v7, 7u, g, n);
-        acc = acc_pre(acc, v8, 8u, g, n);
-        acc = acc_pre(acc, v9, 9u, g, n);
-        acc = acc_pre(acc, v10, 10u, g, n);
-        acc = acc_pre(acc, v11, 11u, g, n);
-        acc = acc_pre(acc, v12, 12u, g, n);
-        acc = acc_pre(acc, v13, 13u, g, n);
-        acc = acc_pre(acc, v14, 14u, g, n);
-        acc = acc_pre(acc, v15, 15u, g, n);
+        acc = acc_pre(acc, vs.v0, 0u, g, n);
+        acc = acc_pre(acc, vs.v1, 1u, g, n);
+        acc = acc_pre(acc, vs.v2, 2u, g, n);
+        acc = acc_pre(acc, vs.v3, 3u, g, n);
+        acc = acc_pre(acc, vs.v4, 4u, g, n);
+        acc = acc_pre(acc, vs.v5, 5u, g, n);
+        acc = acc_pre(acc, vs.v6, 6u, g, n);
+        acc = acc_pre(acc, vs.v7, 7u, g, n);
+        acc = acc_pre(acc, vs.v8, 8u, g, n);
+        acc = acc_pre(acc, vs.v9, 9u, g, n);
+        acc = acc_pre(acc, vs.v10, 10u, g, n);
+        acc = acc_pre(acc, vs.v11, 11u, g, n);
+        acc = acc_pre(acc, vs.v12, 12u, g, n);
+        acc = acc_pre(acc, vs.v13, 13u, g, n);
+        acc = acc_pre(acc, vs.v14, 14u, g, n);
+        acc = acc_pre(acc, vs.v15, 15u, g, n);
         split_write(acc, 0.0, sm.x, sm.y, qi, h, split, n_splits, lid);
         return;
     }
@@ -863,6 +900,146 @@ fn split_write(acc0: f32, acc1: f32, mx: f32, total: f32, qi: u32, h: u32, split
         }
         if (cd + 64u < d) {
             o[pb + 2u + cd + 64u] = part1[cd] + part1[64u + cd] + part1[128u + cd] + part1[192u + cd];
+        }
+    }
+}
+
+// `main_split_rows`: main_split's head_dim-64 path for RQ = 4 query rows at once (a verify
+// pass's cross-attention: no mask, every row over the same keys), grid [ceil(tq / 4),
+// heads, splits]. A verify pass of 16 rows ran main_split once per row, each reading the
+// split's 64 KB of keys and values again (74 MB for tiny.en's 1500 frames, 6 heads):
+// here they are read once per group of four. The rows ride in the four components of
+// vec4s through the softmax, the reductions and p v, each component taking exactly the
+// operations main_split's scalar takes (the same kdot_row, tree order, exp and fmas in key
+// order), so every row's partial is bit for bit the one its query gets alone; rows past tq
+// score a zero query and write nothing. Partials as main_split's, for main_merge or the
+// merging GEMV.
+const RQ: u32 = 4u;
+
+var<workgroup> kpart4: array<vec4<f32>, 1024>; // kpart, a query row a component
+var<workgroup> red4: array<vec4<f32>, 256>;
+var<workgroup> sc4: array<vec4<f32>, 256>;
+var<workgroup> part4: array<vec4<f32>, 256>;
+
+fn op4(a: vec4<f32>, b: vec4<f32>, is_max: bool) -> vec4<f32> {
+    if (is_max) {
+        return max(a, b);
+    }
+    return a + b;
+}
+
+// reduce2 for four rows: the same tree, a row a component.
+fn reduce4(v: vec4<f32>, lid: u32, is_max: bool) -> vec4<f32> {
+    red4[lid] = v;
+    workgroupBarrier();
+    for (var st = AW / 4u; st > 0u; st = st / 4u) {
+        if (lid < st) {
+            red4[lid] = op4(op4(red4[lid], red4[lid + 2u * st], is_max), op4(red4[lid + st], red4[lid + 3u * st], is_max), is_max);
+        }
+        workgroupBarrier();
+    }
+    let r = red4[0];
+    workgroupBarrier();
+    return r;
+}
+
+// exp(s - mx) where a key was scored, as split_softmax takes it per row.
+fn exp_scored(s: f32, mx: f32) -> f32 {
+    if (s > NEG) {
+        return exp(s - mx);
+    }
+    return 0.0;
+}
+
+// acc_pre for four rows: sc4 holds each key's p for the four rows.
+fn acc_pre4(acc0: vec4<f32>, vr: vec4<f32>, r: u32, g: u32, n: u32) -> vec4<f32> {
+    let j = g + 16u * r;
+    var acc = acc0;
+    if (j < n) {
+        acc = fma(sc4[j], vec4<f32>(vr.x), acc);
+    }
+    if (j + 4u < n) {
+        acc = fma(sc4[j + 4u], vec4<f32>(vr.y), acc);
+    }
+    if (j + 8u < n) {
+        acc = fma(sc4[j + 8u], vec4<f32>(vr.z), acc);
+    }
+    if (j + 12u < n) {
+        acc = fma(sc4[j + 12u], vec4<f32>(vr.w), acc);
+    }
+    return acc;
+}
+
+// Keys a quarter of four rows, scored by kdot_row for each row.
+fn kdot4(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>, part: u32) -> vec4<f32> {
+    return vec4<f32>(kdot_row(a, b, c, e, part, 0u), kdot_row(a, b, c, e, part, 1u), kdot_row(a, b, c, e, part, 2u), kdot_row(a, b, c, e, part, 3u));
+}
+
+@compute @workgroup_size(256)
+fn main_split_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let q0 = wg.x * RQ;
+    let rows = min(RQ, p.tq - q0);
+    let h = wg.y;
+    let split = wg.z;
+    let sk = p.split_keys;
+    let n_splits = (p.tk + sk - 1u) / sk;
+    let j_lo = split * sk;
+    let j_hi = min(p.tk, j_lo + sk);
+    let valid = lid < sk && j_lo + lid < j_hi;
+    let part = lid % 4u;
+    let ks = split_keys64(j_lo, j_hi, sk, h, lid);
+    let g = lid / 64u;
+    let n = select(0u, j_hi - j_lo, j_hi > j_lo);
+    let vs = split_vals64(j_lo, n, h, lid);
+    // Row lid / 64's dimension lid % 64 (a zero query past tq).
+    let qr = lid / 64u;
+    var qv = 0.0;
+    if (qr < rows) {
+        qv = q[p.q_off + (q0 + qr) * p.q_stride + h * 64u + lid % 64u] * p.scale;
+    }
+    qsr[lid] = qv;
+    workgroupBarrier();
+    kpart4[lid] = kdot4(ks.a0, ks.b0, ks.e0, ks.f0, part);
+    kpart4[256u + lid] = kdot4(ks.a1, ks.b1, ks.e1, ks.f1, part);
+    kpart4[512u + lid] = kdot4(ks.a2, ks.b2, ks.e2, ks.f2, part);
+    kpart4[768u + lid] = kdot4(ks.a3, ks.b3, ks.e3, ks.f3, part);
+    workgroupBarrier();
+    var s4 = vec4<f32>(NEG);
+    if (valid) {
+        s4 = kpart4[4u * lid] + kpart4[4u * lid + 1u] + kpart4[4u * lid + 2u] + kpart4[4u * lid + 3u];
+    }
+    let mx = reduce4(s4, lid, true);
+    let e = vec4<f32>(exp_scored(s4.x, mx.x), exp_scored(s4.y, mx.y), exp_scored(s4.z, mx.z), exp_scored(s4.w, mx.w));
+    sc4[lid] = e;
+    let total = reduce4(e, lid, false);
+    var acc = vec4<f32>(0.0);
+    acc = acc_pre4(acc, vs.v0, 0u, g, n);
+    acc = acc_pre4(acc, vs.v1, 1u, g, n);
+    acc = acc_pre4(acc, vs.v2, 2u, g, n);
+    acc = acc_pre4(acc, vs.v3, 3u, g, n);
+    acc = acc_pre4(acc, vs.v4, 4u, g, n);
+    acc = acc_pre4(acc, vs.v5, 5u, g, n);
+    acc = acc_pre4(acc, vs.v6, 6u, g, n);
+    acc = acc_pre4(acc, vs.v7, 7u, g, n);
+    acc = acc_pre4(acc, vs.v8, 8u, g, n);
+    acc = acc_pre4(acc, vs.v9, 9u, g, n);
+    acc = acc_pre4(acc, vs.v10, 10u, g, n);
+    acc = acc_pre4(acc, vs.v11, 11u, g, n);
+    acc = acc_pre4(acc, vs.v12, 12u, g, n);
+    acc = acc_pre4(acc, vs.v13, 13u, g, n);
+    acc = acc_pre4(acc, vs.v14, 14u, g, n);
+    acc = acc_pre4(acc, vs.v15, 15u, g, n);
+    // split_write's partial for each row: (max, sum, the four groups' sums in order).
+    part4[lid] = acc;
+    workgroupBarrier();
+    let cd = lid % 64u;
+    if (qr < rows) {
+        let pb = (((q0 + qr) * p.heads + h) * n_splits + split) * 66u;
+        let sum = part4[cd][qr] + part4[64u + cd][qr] + part4[128u + cd][qr] + part4[192u + cd][qr];
+        o[pb + 2u + cd] = sum;
+        if (cd == 0u) {
+            o[pb] = mx[qr];
+            o[pb + 1u] = total[qr];
         }
     }
 }

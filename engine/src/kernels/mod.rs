@@ -880,6 +880,10 @@ pub struct Kernels {
     /// [`Kernels::reserve_blocked_attention`] (None: one split).
     blocked_partials: Option<Buffer>,
     attention_split: Arc<Kernel>,
+    /// main_split_rows: a verify pass's unmasked split attention (the cross-attention) four
+    /// query rows a workgroup, keys and values read once for the four; None with
+    /// `VERBATIM_ATTENTION_ROWS=0` (main_split a row, to compare on a device).
+    attention_split_rows: Option<Arc<Kernel>>,
     attention_merge: Arc<Kernel>,
     /// main_merge writing the next GEMM's planes (attention.wgsl main_merge_planes).
     attention_merge_planes: Arc<Kernel>,
@@ -1051,6 +1055,10 @@ impl Kernels {
             force_tiled_attention: std::env::var("VERBATIM_ATTENTION_TILED").is_ok_and(|v| !v.is_empty() && v != "0"),
             blocked_partials: None,
             attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
+            attention_split_rows: match std::env::var("VERBATIM_ATTENTION_ROWS").is_ok_and(|v| v == "0") {
+                true => None,
+                false => Some(gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W])?),
+            },
             attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
             attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
@@ -1879,7 +1887,7 @@ impl Kernels {
     /// the tiled kernel for other many-query cases, the split
     /// (flash-decoding) kernels for a few, the chunked online-softmax kernel when none fits.
     pub fn attention(&self, rec: &mut Recorder, a: &AttentionArgs) -> Result<()> {
-        self.attention_upto(rec, a, ATTENTION_TILED_MIN_QUERIES)
+        self.attention_upto(rec, a, ATTENTION_TILED_MIN_QUERIES, false)
     }
 
     /// [`Kernels::attention`] for the up to [`VERIFY_MAX_ROWS`] query rows of a verify
@@ -1889,7 +1897,7 @@ impl Kernels {
         if a.tq == 0 || a.tq > VERIFY_MAX_ROWS {
             return Err(Error::Invalid(format!("attention_rows: {} query rows (1 to {VERIFY_MAX_ROWS})", a.tq)));
         }
-        self.attention_upto(rec, a, VERIFY_MAX_ROWS)
+        self.attention_upto(rec, a, VERIFY_MAX_ROWS, true)
     }
 
     /// [`Kernels::attention_rows`] where `rows` (a verify pass), else [`Kernels::attention`].
@@ -1902,8 +1910,9 @@ impl Kernels {
     }
 
     /// [`Kernels::attention`] with up to `few` queries taken one workgroup per query (the
-    /// split kernel), more by the many-query kernels.
-    fn attention_upto(&self, rec: &mut Recorder, a: &AttentionArgs, few: u32) -> Result<()> {
+    /// split kernel; with `pass`, a verify pass, four a workgroup where
+    /// [`Kernels::split_kernel`] says so), more by the many-query kernels.
+    fn attention_upto(&self, rec: &mut Recorder, a: &AttentionArgs, few: u32, pass: bool) -> Result<()> {
         let (mut params, cost) = attention_params(a)?;
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
         let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
@@ -1933,7 +1942,7 @@ impl Kernels {
             let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
             let merge_cost = Cost { bytes: partials * 8, flops: partials * 2 };
             let part = &self.attention_partials;
-            rec.dispatch(&self.attention_split, p, &[a.q.buf, a.k.buf, a.v.buf, part], [a.tq, a.heads, n_splits], split_cost)?;
+            self.dispatch_split(rec, a, p, [a.q.buf, a.k.buf, a.v.buf, part], n_splits, split_cost, pass)?;
             return rec.dispatch(&self.attention_merge, p, &[part, a.k.buf, a.v.buf, a.out.buf], [a.tq, a.heads, 1], merge_cost);
         }
         self.attention_chunked(rec, a)
@@ -1960,8 +1969,28 @@ impl Kernels {
         let (params, cost) = attention_params(a)?;
         let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
         let bufs = [a.q.buf, a.k.buf, a.v.buf, &self.attention_partials];
-        rec.dispatch(&self.attention_split, bytemuck::bytes_of(&params), &bufs, [a.tq, a.heads, n_splits], split_cost)?;
+        self.dispatch_split(rec, a, bytemuck::bytes_of(&params), bufs, n_splits, split_cost, rows)?;
         Ok(Some(n_splits))
+    }
+
+    /// The split attention's partials for `a` in `n_splits` splits: main_split_rows where
+    /// `pass` (a verify pass, one row too, so that its dispatch slot keeps one kernel) and the
+    /// shape is the one it serves (head_dim 64, no mask, the split keys it was written for),
+    /// else main_split a query a workgroup. Either way each row's partial has the bits its
+    /// query gets alone.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_split(&self, rec: &mut Recorder, a: &AttentionArgs, params: &[u8], bufs: [&Buffer; 4], n_splits: u32, cost: Cost, pass: bool) -> Result<()> {
+        let hd = a.heads as u64 * a.head_dim as u64;
+        match &self.attention_split_rows {
+            Some(k) if pass && a.head_dim == 64 && a.causal.is_none() && ATTENTION_SPLIT_KEYS == 256 => {
+                let groups = a.tq.div_ceil(4);
+                // Keys and values once a group of four rows rather than once a row.
+                let kv = a.tk as u64 * 2 * hd * 4;
+                let cost = Cost { bytes: cost.bytes - a.tq as u64 * kv + groups as u64 * kv, flops: cost.flops };
+                rec.dispatch(k, params, &bufs, [groups, a.heads, n_splits], cost)
+            }
+            _ => rec.dispatch(&self.attention_split, params, &bufs, [a.tq, a.heads, n_splits], cost),
+        }
     }
 
     /// y[r] (=|+=) act(attn[r] · Wᵀ + b) for the `m` query rows whose attention

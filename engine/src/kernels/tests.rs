@@ -1263,10 +1263,62 @@ fn run_attention_rows(r: &mut StdRng, m: usize, p0: usize, heads: usize) {
     }
 }
 
+/// A verify pass's cross-attention through `attention_rows` (no mask: main_split_rows,
+/// then main_merge): each of `m` rows bit for bit what its query alone gets from
+/// `attention` (main_split and its merge, a decode step), all of them the reference within
+/// rounding; outputs and partials poisoned first.
+fn run_cross_rows(r: &mut StdRng, m: usize, tk: usize, heads: usize) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let hd = heads * 64;
+    let q = rand_vec(r, m * hd, 1.0);
+    let kv = rand_vec(r, tk * 2 * hd, 1.0);
+    let qb = g.upload_f32("q", &q).unwrap();
+    let kvb = g.upload_f32("k|v", &kv).unwrap();
+    let run = |rows: std::ops::Range<usize>, pass: bool| -> Vec<f32> {
+        g.fill_u32(&kern.attention_partials, NAN_BITS);
+        let out = poisoned(rows.len() * hd);
+        let args = AttentionArgs {
+            q: Rows::at(&qb, rows.start * hd, hd),
+            k: Rows::at(&kvb, 0, 2 * hd),
+            v: Rows::at(&kvb, hd, 2 * hd),
+            out: Rows::new(&out, hd),
+            tq: rows.len() as u32,
+            tk: tk as u32,
+            heads: heads as u32,
+            head_dim: 64,
+            causal: None,
+        };
+        let mut rec = g.recorder();
+        match pass {
+            true => kern.attention_rows(&mut rec, &args).unwrap(),
+            false => kern.attention(&mut rec, &args).unwrap(),
+        }
+        rec.submit(None).unwrap();
+        g.read_f32(&out, 0, rows.len() * hd).unwrap()
+    };
+    let got = run(0..m, true);
+    let col = |c: usize| -> Vec<f32> { (0..tk).flat_map(|j| kv[j * 2 * hd + c * hd..j * 2 * hd + (c + 1) * hd].to_vec()).collect() };
+    let want = ops::attention(&q, &col(0), &col(1), m, tk, heads, 64, None);
+    let e = rel_err(&got, &want);
+    assert!(e < 1e-5, "cross-attention rows m={m} tk={tk} h={heads}: rel err {e}");
+    for i in 0..m {
+        let lone = run(i..i + 1, false);
+        for (c, (a, b)) in got[i * hd..(i + 1) * hd].iter().zip(&lone).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "cross-attention rows m={m} tk={tk}: row {i} element {c} is {a}, alone {b}");
+        }
+    }
+}
+
 #[test]
 fn attention_rows_equal_lone_queries() {
     let mut r = rng("attention_rows");
     let most = VERIFY_MAX_ROWS as usize;
+    // Unmasked (cross-attention): groups of four rows with a short last one, a last split
+    // of one key and of 220 (tiny.en's 1500 frames); one row alone in its group.
+    run_cross_rows(&mut r, 6, 513, 2);
+    run_cross_rows(&mut r, 1, 300, 1);
+    run_cross_rows(&mut r, most, 1500, 3);
     // Keys in one split for every row; a pass whose last rows cross into a second split
     // (256 keys a split) while its first rows' steps alone have one; every row split.
     run_attention_rows(&mut r, most, 21, 3);
@@ -1482,7 +1534,8 @@ fn attention_blocked_matches_reference() {
 
 /// Cross-attention whose key splits the output projection merges (`attention_unmerged`,
 /// then `linear_merged`): against attention + linear on the CPU, and each row bit-identical
-/// to the same query alone (a verify pass against single steps).
+/// to the same query alone as a decode step takes it (a verify pass, main_split_rows where
+/// the shape has it, against main_split a query).
 #[allow(clippy::too_many_arguments)]
 fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: usize, bias: bool, accumulate: bool) {
     let g = gpu();
@@ -1505,7 +1558,7 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
     let bb = g.upload_f32("b", &b).unwrap();
     let unused = poisoned(tq * hd);
     let ep = Epilogue { gelu: false, accumulate };
-    let run = |rows: std::ops::Range<usize>| -> Vec<f32> {
+    let run = |rows: std::ops::Range<usize>, pass: bool| -> Vec<f32> {
         let m = rows.len();
         let yb = poisoned(m * n);
         if accumulate {
@@ -1523,20 +1576,20 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
             head_dim: d as u32,
             causal: None,
         };
-        let splits = kern.attention_unmerged(&mut rec, &args, true).unwrap().expect("left unmerged");
+        let splits = kern.attention_unmerged(&mut rec, &args, pass).unwrap().expect("left unmerged");
         kern.linear_merged(&mut rec, m as u32, heads as u32, d as u32, splits, &wm, bias.then_some(&bb), Rows::new(&yb, n), ep)
             .unwrap();
         rec.submit(None).unwrap();
         g.read_f32(&yb, 0, m * n).unwrap()
     };
-    let got = run(0..tq);
+    let got = run(0..tq, true);
     let att = ops::attention(&q, &k, &v, tq, tk, heads, d, None);
     let mut want = ops::linear(&att, tq, hd, &w, n, bias.then_some(&b[..]));
     epilogue_ref(&mut want, false, accumulate, &y0);
     let e = rel_err(&got, &want);
     assert!(e < 1e-5, "merged attention tq={tq} tk={tk} h={heads} d={d} n={n}: rel err {e}");
     for i in 0..tq {
-        let lone = run(i..i + 1);
+        let lone = run(i..i + 1, false);
         let same = lone.iter().zip(&got[i * n..(i + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "merged attention: row {i} of {tq} differs from the query alone");
     }
@@ -1550,6 +1603,11 @@ fn attention_merged_into_the_projection_matches_reference() {
     run_merged(&mut r, 8, 300, 4, 16, 66, true, false);
     // A verify pass's most rows (past the prompt GEMV's eight).
     run_merged(&mut r, VERIFY_MAX_ROWS as usize, 520, 3, 64, 70, true, true);
+    // main_split_rows' groups of four with a short last group (7 and 13 rows), over
+    // tiny.en's 1500 frames and 6 heads (a last split of 220 keys) and over a last split of
+    // 9 keys.
+    run_merged(&mut r, 7, 1500, 6, 64, 384, false, false);
+    run_merged(&mut r, 13, 777, 2, 64, 96, true, false);
     // More than eight splits (2300 keys: nine): the merge's loop rather than its unrolled
     // loads.
     run_merged(&mut r, 1, 2300, 2, 64, 128, true, false);
