@@ -517,12 +517,18 @@ fn split_vals64(j_lo: u32, n: u32, h: u32, lid: u32) -> SplitVals {
     return r;
 }
 
-// Query rows of head_dim 64, scaled, for the head_dim-64 paths: [row][64] (main_split
-// uses row 0, main_split_rows one per query of its group).
-var<workgroup> qsr: array<f32, 256>;
+// Query rows of head_dim 64, scaled, for the head_dim-64 paths: [row][16] vec4s (main_split
+// uses row 0, main_split_rows one per query of its group), read a vec4 at a time.
+var<workgroup> qsr: array<vec4<f32>, 64>;
 
+// Dimensions c..c+3 of the rows in qsr (c a multiple of 4).
 fn qr4(c: u32) -> vec4<f32> {
-    return vec4<f32>(qsr[c], qsr[c + 1u], qsr[c + 2u], qsr[c + 3u]);
+    return qsr[c / 4u];
+}
+
+// Element i of qsr's rows (dimension i % 64 of row i / 64).
+fn stage_q(i: u32, value: f32) {
+    qsr[i / 4u][i % 4u] = value;
 }
 
 // One round's partial score: dimensions 4 part + 16 i (i < 4) of a key against query row
@@ -588,7 +594,7 @@ fn main_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         let vs = split_vals64(j_lo, n, h, lid);
         let qb = p.q_off + qi * p.q_stride + h * d;
         if (lid < 64u) {
-            qsr[lid] = q[qb + lid] * p.scale;
+            stage_q(lid, q[qb + lid] * p.scale);
         }
         workgroupBarrier();
         // partial of (key kk, quarter) at kpart[4 kk + quarter] = kpart[256 r + lid]
@@ -970,9 +976,20 @@ fn acc_pre4(acc0: vec4<f32>, vr: vec4<f32>, r: u32, g: u32, n: u32) -> vec4<f32>
     return acc;
 }
 
-// Keys a quarter of four rows, scored by kdot_row for each row.
-fn kdot4(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>, part: u32) -> vec4<f32> {
-    return vec4<f32>(kdot_row(a, b, c, e, part, 0u), kdot_row(a, b, c, e, part, 1u), kdot_row(a, b, c, e, part, 2u), kdot_row(a, b, c, e, part, 3u));
+// Keys a quarter of the group's rows, scored by kdot_row for each row there is (a verify
+// pass of one to three rows skips the rest: uniform branches around arithmetic only).
+fn kdot4(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>, part: u32, rows: u32) -> vec4<f32> {
+    var t = vec4<f32>(kdot_row(a, b, c, e, part, 0u), 0.0, 0.0, 0.0);
+    if (rows > 1u) {
+        t.y = kdot_row(a, b, c, e, part, 1u);
+    }
+    if (rows > 2u) {
+        t.z = kdot_row(a, b, c, e, part, 2u);
+    }
+    if (rows > 3u) {
+        t.w = kdot_row(a, b, c, e, part, 3u);
+    }
+    return t;
 }
 
 @compute @workgroup_size(256)
@@ -997,12 +1014,12 @@ fn main_split_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     if (qr < rows) {
         qv = q[p.q_off + (q0 + qr) * p.q_stride + h * 64u + lid % 64u] * p.scale;
     }
-    qsr[lid] = qv;
+    stage_q(lid, qv);
     workgroupBarrier();
-    kpart4[lid] = kdot4(ks.a0, ks.b0, ks.e0, ks.f0, part);
-    kpart4[256u + lid] = kdot4(ks.a1, ks.b1, ks.e1, ks.f1, part);
-    kpart4[512u + lid] = kdot4(ks.a2, ks.b2, ks.e2, ks.f2, part);
-    kpart4[768u + lid] = kdot4(ks.a3, ks.b3, ks.e3, ks.f3, part);
+    kpart4[lid] = kdot4(ks.a0, ks.b0, ks.e0, ks.f0, part, rows);
+    kpart4[256u + lid] = kdot4(ks.a1, ks.b1, ks.e1, ks.f1, part, rows);
+    kpart4[512u + lid] = kdot4(ks.a2, ks.b2, ks.e2, ks.f2, part, rows);
+    kpart4[768u + lid] = kdot4(ks.a3, ks.b3, ks.e3, ks.f3, part, rows);
     workgroupBarrier();
     var s4 = vec4<f32>(NEG);
     if (valid) {
