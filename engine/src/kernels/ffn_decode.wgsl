@@ -29,7 +29,7 @@ struct Params {
     d: u32, ffn: u32, chunks: u32, x_off: u32,
     x_stride: u32, eps: f32,
     fin_eps: f32, // main_sum_norm: the final norm's epsilon
-    rows: u32, // main_rows: the rows of the pass
+    _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -80,80 +80,12 @@ fn wg_total(v: f32, lid: u32) -> f32 {
     return t;
 }
 
-// The per-row arithmetic `main` and `main_rows` share (the latter calls it once per row
-// component), so that a row computed in a group of four has the bits it has alone.
-fn ln_mean(total: f32, d: u32) -> f32 {
-    return total / f32(d);
-}
-
-fn ln_sq(q: f32, x: f32, mean: f32) -> f32 {
-    let e = x - mean;
-    return q + e * e;
-}
-
-fn ln_inv(total_sq: f32, d: u32) -> f32 {
-    return inverseSqrt(total_sq / f32(d) + p.eps);
-}
-
-fn ln_val(x: f32, mean: f32, inv: f32, g: f32, b: f32) -> f32 {
-    return (x - mean) * inv * g + b;
-}
-
-// Hidden unit u from fc1's sum z: GELU(z + b1[u]).
-fn hidden(z: f32, u: u32) -> f32 {
-    return gelu(z + b1[u]);
-}
-
 // fc1's word (k, column pair hp), 0 past the row's end.
 fn w1_word(k: u32, hp: u32, k1: u32) -> u32 {
     if (k >= k1) {
         return 0u;
     }
     return w1[k * (p.ffn / 2u) + hp];
-}
-
-// fc1's first sixteen words of a thread's slice (k0 .. k0 + 16, 0 past k1), all issued
-// before any is used. (Sixteen: all of a slice for d up to 512, two thirds of small.en's 24.)
-fn fc1_words(k0: u32, hp: u32, k1: u32) -> array<u32, 16> {
-    return array<u32, 16>(
-        w1_word(k0, hp, k1),
-        w1_word(k0 + 1u, hp, k1),
-        w1_word(k0 + 2u, hp, k1),
-        w1_word(k0 + 3u, hp, k1),
-        w1_word(k0 + 4u, hp, k1),
-        w1_word(k0 + 5u, hp, k1),
-        w1_word(k0 + 6u, hp, k1),
-        w1_word(k0 + 7u, hp, k1),
-        w1_word(k0 + 8u, hp, k1),
-        w1_word(k0 + 9u, hp, k1),
-        w1_word(k0 + 10u, hp, k1),
-        w1_word(k0 + 11u, hp, k1),
-        w1_word(k0 + 12u, hp, k1),
-        w1_word(k0 + 13u, hp, k1),
-        w1_word(k0 + 14u, hp, k1),
-        w1_word(k0 + 15u, hp, k1),
-    );
-}
-
-// gamma and beta of elements lid + 256 i (i < 5: d <= 1280), clamped to the last.
-fn gamma5(lid: u32, lastc: u32) -> array<f32, 5> {
-    return array<f32, 5>(
-        gamma[min(lid, lastc)],
-        gamma[min(lid + WG, lastc)],
-        gamma[min(lid + 2u * WG, lastc)],
-        gamma[min(lid + 3u * WG, lastc)],
-        gamma[min(lid + 4u * WG, lastc)],
-    );
-}
-
-fn beta5(lid: u32, lastc: u32) -> array<f32, 5> {
-    return array<f32, 5>(
-        beta[min(lid, lastc)],
-        beta[min(lid + WG, lastc)],
-        beta[min(lid + 2u * WG, lastc)],
-        beta[min(lid + 3u * WG, lastc)],
-        beta[min(lid + 4u * WG, lastc)],
-    );
 }
 
 // fc2's words of output pair t for the chunk's 16 rows from h0, all issued before any is
@@ -198,7 +130,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (dw > WG) {
         v2b = fc2_words(h0, nh, min(lid + WG, dw - 1u), dw);
     }
-    // fc1's first words of this thread's slice (fc1_words), then the LayerNorm statistics.
+    // fc1's first words of this thread's slice, then the LayerNorm statistics.
     let cp = lid % CP;
     let kg = lid / CP;
     let hp = j * CP + cp;
@@ -206,7 +138,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let kc = (d + KG - 1u) / KG;
     let k0 = min(d, kg * kc);
     let k1 = select(k0, min(d, k0 + kc), live);
-    let r = fc1_words(k0, hp, k1);
+    // (Sixteen: all of a slice for d up to 512, two thirds of small.en's 24.)
+    let r0 = w1_word(k0, hp, k1);
+    let r1 = w1_word(k0 + 1u, hp, k1);
+    let r2 = w1_word(k0 + 2u, hp, k1);
+    let r3 = w1_word(k0 + 3u, hp, k1);
+    let r4 = w1_word(k0 + 4u, hp, k1);
+    let r5 = w1_word(k0 + 5u, hp, k1);
+    let r6 = w1_word(k0 + 6u, hp, k1);
+    let r7 = w1_word(k0 + 7u, hp, k1);
+    let r8 = w1_word(k0 + 8u, hp, k1);
+    let r9 = w1_word(k0 + 9u, hp, k1);
+    let r10 = w1_word(k0 + 10u, hp, k1);
+    let r11 = w1_word(k0 + 11u, hp, k1);
+    let r12 = w1_word(k0 + 12u, hp, k1);
+    let r13 = w1_word(k0 + 13u, hp, k1);
+    let r14 = w1_word(k0 + 14u, hp, k1);
+    let r15 = w1_word(k0 + 15u, hp, k1);
 
     // The row's elements lid + 256 i (i < 5: d <= 1280) with their gamma and beta, all
     // loaded before any is used (a loop over them waited on each load in turn).
@@ -218,25 +166,38 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         x[xb + min(lid + 3u * WG, lastc)],
         x[xb + min(lid + 4u * WG, lastc)],
     );
-    let gr = gamma5(lid, lastc);
-    let br = beta5(lid, lastc);
+    let gr = array<f32, 5>(
+        gamma[min(lid, lastc)],
+        gamma[min(lid + WG, lastc)],
+        gamma[min(lid + 2u * WG, lastc)],
+        gamma[min(lid + 3u * WG, lastc)],
+        gamma[min(lid + 4u * WG, lastc)],
+    );
+    let br = array<f32, 5>(
+        beta[min(lid, lastc)],
+        beta[min(lid + WG, lastc)],
+        beta[min(lid + 2u * WG, lastc)],
+        beta[min(lid + 3u * WG, lastc)],
+        beta[min(lid + 4u * WG, lastc)],
+    );
     var s = 0.0;
     for (var i = 0u; i < 5u; i++) {
         if (lid + i * WG < d) {
             s += xr[i];
         }
     }
-    let mean = ln_mean(wg_total(s, lid), d);
+    let mean = wg_total(s, lid) / f32(d);
     var q = 0.0;
     for (var i = 0u; i < 5u; i++) {
         if (lid + i * WG < d) {
-            q = ln_sq(q, xr[i], mean);
+            let e = xr[i] - mean;
+            q += e * e;
         }
     }
-    let inv = ln_inv(wg_total(q, lid), d);
+    let inv = inverseSqrt(wg_total(q, lid) / f32(d) + p.eps);
     for (var i = 0u; i < 5u; i++) {
         if (lid + i * WG < d) {
-            xn[lid + i * WG] = ln_val(xr[i], mean, inv, gr[i], br[i]);
+            xn[lid + i * WG] = (xr[i] - mean) * inv * gr[i] + br[i];
         }
     }
     workgroupBarrier();
@@ -244,22 +205,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // fc1: this slice's part of the chunk's 16 hidden values (words past k1 are 0).
     var a = vec2<f32>(0.0, 0.0);
     var b = vec2<f32>(0.0, 0.0);
-    a = fma(vec2<f32>(xn[min(k0, d - 1u)]), unpack2x16float(r[0u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 1u, d - 1u)]), unpack2x16float(r[1u]), b);
-    a = fma(vec2<f32>(xn[min(k0 + 2u, d - 1u)]), unpack2x16float(r[2u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 3u, d - 1u)]), unpack2x16float(r[3u]), b);
-    a = fma(vec2<f32>(xn[min(k0 + 4u, d - 1u)]), unpack2x16float(r[4u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 5u, d - 1u)]), unpack2x16float(r[5u]), b);
-    a = fma(vec2<f32>(xn[min(k0 + 6u, d - 1u)]), unpack2x16float(r[6u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 7u, d - 1u)]), unpack2x16float(r[7u]), b);
-    a = fma(vec2<f32>(xn[min(k0 + 8u, d - 1u)]), unpack2x16float(r[8u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 9u, d - 1u)]), unpack2x16float(r[9u]), b);
-    a = fma(vec2<f32>(xn[min(k0 + 10u, d - 1u)]), unpack2x16float(r[10u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 11u, d - 1u)]), unpack2x16float(r[11u]), b);
-    a = fma(vec2<f32>(xn[min(k0 + 12u, d - 1u)]), unpack2x16float(r[12u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 13u, d - 1u)]), unpack2x16float(r[13u]), b);
-    a = fma(vec2<f32>(xn[min(k0 + 14u, d - 1u)]), unpack2x16float(r[14u]), a);
-    b = fma(vec2<f32>(xn[min(k0 + 15u, d - 1u)]), unpack2x16float(r[15u]), b);
+    a = fma(vec2<f32>(xn[min(k0, d - 1u)]), unpack2x16float(r0), a);
+    b = fma(vec2<f32>(xn[min(k0 + 1u, d - 1u)]), unpack2x16float(r1), b);
+    a = fma(vec2<f32>(xn[min(k0 + 2u, d - 1u)]), unpack2x16float(r2), a);
+    b = fma(vec2<f32>(xn[min(k0 + 3u, d - 1u)]), unpack2x16float(r3), b);
+    a = fma(vec2<f32>(xn[min(k0 + 4u, d - 1u)]), unpack2x16float(r4), a);
+    b = fma(vec2<f32>(xn[min(k0 + 5u, d - 1u)]), unpack2x16float(r5), b);
+    a = fma(vec2<f32>(xn[min(k0 + 6u, d - 1u)]), unpack2x16float(r6), a);
+    b = fma(vec2<f32>(xn[min(k0 + 7u, d - 1u)]), unpack2x16float(r7), b);
+    a = fma(vec2<f32>(xn[min(k0 + 8u, d - 1u)]), unpack2x16float(r8), a);
+    b = fma(vec2<f32>(xn[min(k0 + 9u, d - 1u)]), unpack2x16float(r9), b);
+    a = fma(vec2<f32>(xn[min(k0 + 10u, d - 1u)]), unpack2x16float(r10), a);
+    b = fma(vec2<f32>(xn[min(k0 + 11u, d - 1u)]), unpack2x16float(r11), b);
+    a = fma(vec2<f32>(xn[min(k0 + 12u, d - 1u)]), unpack2x16float(r12), a);
+    b = fma(vec2<f32>(xn[min(k0 + 13u, d - 1u)]), unpack2x16float(r13), b);
+    a = fma(vec2<f32>(xn[min(k0 + 14u, d - 1u)]), unpack2x16float(r14), a);
+    b = fma(vec2<f32>(xn[min(k0 + 15u, d - 1u)]), unpack2x16float(r15), b);
     for (var k = k0 + 16u; k < k1; k += 8u) {
         let u0 = w1_word(k, hp, k1);
         let u1 = w1_word(k + 1u, hp, k1);
@@ -291,7 +252,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var h = vec2<f32>(0.0, 0.0);
         if (live) {
             let z = red[cp] + red[cp + CP];
-            h = vec2<f32>(hidden(z.x, 2u * hp), hidden(z.y, 2u * hp + 1u));
+            h = vec2<f32>(gelu(z.x + b1[2u * hp]), gelu(z.y + b1[2u * hp + 1u]));
         }
         hs[2u * cp] = h.x;
         hs[2u * cp + 1u] = h.y;
@@ -315,209 +276,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let o = (row * p.chunks + j) * d + 2u * t;
         part[o] = acc.x;
         part[o + 1u] = acc.y;
-    }
-}
-
-// `main_rows`: `main` for RQ = 4 rows of a verify pass a workgroup, grid [chunks, 1,
-// ceil(m / 4)]. `main` takes a workgroup per (chunk, row), each reading the chunk's 24 KB of
-// fc1 and fc2 words again (tiny.en: 37 MB for a 16-row pass from L2, 25 us in the
-// per-kernel table against 10 for a step's row); here they are read once for four rows.
-// The rows ride in the components of vec4s through the LayerNorm, fc1's slices and tree,
-// the hidden values and fc2, each component taking the operations main's scalars take (the
-// shared helpers, the same trees, fmas in the same order), so each row's partial has the
-// bits it has alone. A group's rows past m repeat its last row and write nothing.
-const RQ: u32 = 4u;
-
-var<workgroup> xn4: array<vec4<f32>, MAXD>; // LayerNorm of the group's rows, a row a component
-var<workgroup> tree4: array<vec4<f32>, WG>;
-var<workgroup> red4x: array<vec4<f32>, WG>; // fc1 slices [KG][CP]: the pair's first column
-var<workgroup> red4y: array<vec4<f32>, WG>; // and its second
-var<workgroup> hs4: array<vec4<f32>, CH>;
-
-// wg_total for four rows: the same tree, a row a component.
-fn wg_total4(v: vec4<f32>, lid: u32) -> vec4<f32> {
-    tree4[lid] = v;
-    workgroupBarrier();
-    for (var st = WG / 4u; st > 0u; st = st / 4u) {
-        if (lid < st) {
-            tree4[lid] = tree4[lid] + tree4[lid + st] + tree4[lid + 2u * st] + tree4[lid + 3u * st];
-        }
-        workgroupBarrier();
-    }
-    let t = tree4[0];
-    workgroupBarrier();
-    return t;
-}
-
-// Element c of the group's rows from the one at xb (rows past the group's `rows` repeat
-// its last: every load issued, none behind a branch).
-fn x4(xb: u32, c: u32, rows: u32) -> vec4<f32> {
-    let last = rows - 1u;
-    let st = p.x_stride;
-    return vec4<f32>(x[xb + c], x[xb + min(1u, last) * st + c], x[xb + min(2u, last) * st + c], x[xb + min(3u, last) * st + c]);
-}
-
-// The group's elements c of fc1's pair sums: main's fma(vec2(xn[k]), w, a) per row.
-fn fc1_pair(acc: mat2x4<f32>, k: u32, d: u32, w: vec2<f32>) -> mat2x4<f32> {
-    let xk = xn4[min(k, d - 1u)];
-    return mat2x4<f32>(fma(xk, vec4<f32>(w.x), acc[0]), fma(xk, vec4<f32>(w.y), acc[1]));
-}
-
-fn ln_val4(xv: vec4<f32>, mean: vec4<f32>, inv: vec4<f32>, g: f32, b: f32) -> vec4<f32> {
-    return vec4<f32>(ln_val(xv.x, mean.x, inv.x, g, b), ln_val(xv.y, mean.y, inv.y, g, b), ln_val(xv.z, mean.z, inv.z, g, b), ln_val(xv.w, mean.w, inv.w, g, b));
-}
-
-fn ln_sq4(q: vec4<f32>, xv: vec4<f32>, mean: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(ln_sq(q.x, xv.x, mean.x), ln_sq(q.y, xv.y, mean.y), ln_sq(q.z, xv.z, mean.z), ln_sq(q.w, xv.w, mean.w));
-}
-
-fn hidden4(z: vec4<f32>, u: u32) -> vec4<f32> {
-    return vec4<f32>(hidden(z.x, u), hidden(z.y, u), hidden(z.z, u), hidden(z.w, u));
-}
-
-@compute @workgroup_size(WG)
-fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let j = wg.x;
-    let q0 = wg.z * RQ;
-    let m = p.rows;
-    let rows = min(RQ, m - q0);
-    let d = p.d;
-    let dw = d / 2u;
-    let h0 = j * CH;
-    let nh = min(CH, p.ffn - h0);
-    let xb = p.x_off + q0 * p.x_stride;
-
-    // As main: fc2's first words, fc1's, then the rows and the LayerNorm statistics.
-    let v2a = fc2_words(h0, nh, min(lid, dw - 1u), dw);
-    var v2b = v2a;
-    if (dw > WG) {
-        v2b = fc2_words(h0, nh, min(lid + WG, dw - 1u), dw);
-    }
-    let cp = lid % CP;
-    let kg = lid / CP;
-    let hp = j * CP + cp;
-    let live = 2u * cp < nh;
-    let kc = (d + KG - 1u) / KG;
-    let k0 = min(d, kg * kc);
-    let k1 = select(k0, min(d, k0 + kc), live);
-    let r = fc1_words(k0, hp, k1);
-    let lastc = d - 1u;
-    let xr = array<vec4<f32>, 5>(
-        x4(xb, min(lid, lastc), rows),
-        x4(xb, min(lid + WG, lastc), rows),
-        x4(xb, min(lid + 2u * WG, lastc), rows),
-        x4(xb, min(lid + 3u * WG, lastc), rows),
-        x4(xb, min(lid + 4u * WG, lastc), rows),
-    );
-    let gr = gamma5(lid, lastc);
-    let br = beta5(lid, lastc);
-    var s = vec4<f32>(0.0);
-    for (var i = 0u; i < 5u; i++) {
-        if (lid + i * WG < d) {
-            s += xr[i];
-        }
-    }
-    let tot = wg_total4(s, lid);
-    let mean = vec4<f32>(ln_mean(tot.x, d), ln_mean(tot.y, d), ln_mean(tot.z, d), ln_mean(tot.w, d));
-    var q = vec4<f32>(0.0);
-    for (var i = 0u; i < 5u; i++) {
-        if (lid + i * WG < d) {
-            q = ln_sq4(q, xr[i], mean);
-        }
-    }
-    let tq = wg_total4(q, lid);
-    let inv = vec4<f32>(ln_inv(tq.x, d), ln_inv(tq.y, d), ln_inv(tq.z, d), ln_inv(tq.w, d));
-    for (var i = 0u; i < 5u; i++) {
-        if (lid + i * WG < d) {
-            xn4[lid + i * WG] = ln_val4(xr[i], mean, inv, gr[i], br[i]);
-        }
-    }
-    workgroupBarrier();
-
-    // fc1: main's a and b (words alternately), each a pair of columns x four rows.
-    var aa = mat2x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0));
-    var ab = aa;
-    aa = fc1_pair(aa, k0, d, unpack2x16float(r[0u]));
-    ab = fc1_pair(ab, k0 + 1u, d, unpack2x16float(r[1u]));
-    aa = fc1_pair(aa, k0 + 2u, d, unpack2x16float(r[2u]));
-    ab = fc1_pair(ab, k0 + 3u, d, unpack2x16float(r[3u]));
-    aa = fc1_pair(aa, k0 + 4u, d, unpack2x16float(r[4u]));
-    ab = fc1_pair(ab, k0 + 5u, d, unpack2x16float(r[5u]));
-    aa = fc1_pair(aa, k0 + 6u, d, unpack2x16float(r[6u]));
-    ab = fc1_pair(ab, k0 + 7u, d, unpack2x16float(r[7u]));
-    aa = fc1_pair(aa, k0 + 8u, d, unpack2x16float(r[8u]));
-    ab = fc1_pair(ab, k0 + 9u, d, unpack2x16float(r[9u]));
-    aa = fc1_pair(aa, k0 + 10u, d, unpack2x16float(r[10u]));
-    ab = fc1_pair(ab, k0 + 11u, d, unpack2x16float(r[11u]));
-    aa = fc1_pair(aa, k0 + 12u, d, unpack2x16float(r[12u]));
-    ab = fc1_pair(ab, k0 + 13u, d, unpack2x16float(r[13u]));
-    aa = fc1_pair(aa, k0 + 14u, d, unpack2x16float(r[14u]));
-    ab = fc1_pair(ab, k0 + 15u, d, unpack2x16float(r[15u]));
-    for (var k = k0 + 16u; k < k1; k += 8u) {
-        // The eight words issued before any is used, as main's loop.
-        let uw = array<u32, 8>(
-            w1_word(k, hp, k1),
-            w1_word(k + 1u, hp, k1),
-            w1_word(k + 2u, hp, k1),
-            w1_word(k + 3u, hp, k1),
-            w1_word(k + 4u, hp, k1),
-            w1_word(k + 5u, hp, k1),
-            w1_word(k + 6u, hp, k1),
-            w1_word(k + 7u, hp, k1),
-        );
-        aa = fc1_pair(aa, k, d, unpack2x16float(uw[0u]));
-        ab = fc1_pair(ab, k + 1u, d, unpack2x16float(uw[1u]));
-        aa = fc1_pair(aa, k + 2u, d, unpack2x16float(uw[2u]));
-        ab = fc1_pair(ab, k + 3u, d, unpack2x16float(uw[3u]));
-        aa = fc1_pair(aa, k + 4u, d, unpack2x16float(uw[4u]));
-        ab = fc1_pair(ab, k + 5u, d, unpack2x16float(uw[5u]));
-        aa = fc1_pair(aa, k + 6u, d, unpack2x16float(uw[6u]));
-        ab = fc1_pair(ab, k + 7u, d, unpack2x16float(uw[7u]));
-    }
-    red4x[lid] = aa[0] + ab[0];
-    red4y[lid] = aa[1] + ab[1];
-    workgroupBarrier();
-    for (var st = KG / 4u; st >= 2u; st = st / 4u) {
-        if (kg < st) {
-            red4x[lid] = red4x[lid] + red4x[lid + st * CP] + red4x[lid + 2u * st * CP] + red4x[lid + 3u * st * CP];
-            red4y[lid] = red4y[lid] + red4y[lid + st * CP] + red4y[lid + 2u * st * CP] + red4y[lid + 3u * st * CP];
-        }
-        workgroupBarrier();
-    }
-    if (kg == 0u) {
-        var hx = vec4<f32>(0.0);
-        var hy = vec4<f32>(0.0);
-        if (live) {
-            hx = hidden4(red4x[cp] + red4x[cp + CP], 2u * hp);
-            hy = hidden4(red4y[cp] + red4y[cp + CP], 2u * hp + 1u);
-        }
-        hs4[2u * cp] = hx;
-        hs4[2u * cp + 1u] = hy;
-    }
-    workgroupBarrier();
-
-    // fc2: each row's partial of every output pair, summed over the hidden units in order.
-    for (var t = lid; t < dw; t += WG) {
-        var w = v2a;
-        if (t == lid + WG) {
-            w = v2b;
-        } else if (t > lid + WG) {
-            w = fc2_words(h0, nh, t, dw);
-        }
-        var ax = vec4<f32>(0.0);
-        var ay = vec4<f32>(0.0);
-        for (var c = 0u; c < CH; c++) {
-            if (c < nh) {
-                let wc = unpack2x16float(w[c]);
-                ax = fma(hs4[c], vec4<f32>(wc.x), ax);
-                ay = fma(hs4[c], vec4<f32>(wc.y), ay);
-            }
-        }
-        for (var i = 0u; i < rows; i++) {
-            let o = ((q0 + i) * p.chunks + j) * d + 2u * t;
-            part[o] = ax[i];
-            part[o + 1u] = ay[i];
-        }
     }
 }
 

@@ -646,8 +646,7 @@ struct FfnParams {
     x_stride: u32,
     eps: f32,
     fin_eps: f32,
-    /// main_rows: the rows of the pass.
-    rows: u32,
+    _p1: u32,
 }
 
 #[repr(C)]
@@ -853,10 +852,6 @@ pub struct Kernels {
     gemv_wide_min_bytes: u64,
     /// The decoder's feed-forward block (ffn_decode.wgsl): the chunks' partials, their sum.
     ffn_decode: Arc<Kernel>,
-    /// Its `main_rows` entry (four rows a workgroup, the weights read once for the four),
-    /// which takes a verify pass's rows; None with `VERBATIM_FFN_ROWS=0` (main a row, to
-    /// compare on a device).
-    ffn_decode_rows: Option<Arc<Kernel>>,
     ffn_sum: Arc<Kernel>,
     /// The sum that also writes the final LayerNorm of its rows (`main_sum_norm`; None where
     /// the device takes fewer than its 12 storage buffers a kernel, or with
@@ -1040,10 +1035,6 @@ impl Kernels {
                 ]
             },
             ffn_decode: gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W])?,
-            ffn_decode_rows: match std::env::var("VERBATIM_FFN_ROWS").is_ok_and(|v| v == "0") {
-                true => None,
-                false => Some(gpu.kernel_entry("ffn_decode_f16_rows", FFN_DECODE_SOURCE, "main_rows", &[W, R, R, R, R, R, R, W])?),
-            },
             ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
             ffn_sum_norm: match gpu.device.limits().max_storage_buffers_per_shader_stage >= 12
                 && std::env::var("VERBATIM_FINAL_NORM_FUSED").map_or(true, |v| v != "0")
@@ -1263,16 +1254,13 @@ impl Kernels {
     /// dispatches (ffn_decode.wgsl), each row bit-identical to the same row alone. `scratch`
     /// holds [`ffn_scratch_words`] floats (the partials). With `final_norm` (the decoder's
     /// last layer; see [`Kernels::final_norm_fused`]) the sum also writes LayerNorm(x[r]) with
-    /// its gamma and beta to row r of its buffer, as [`Kernels::layer_norm`] would. `pass`:
-    /// a verify pass's rows (ffn_decode.wgsl `main_rows`, four rows a workgroup; the same
-    /// bits), else a decode step's (`main`).
+    /// its gamma and beta to row r of its buffer, as [`Kernels::layer_norm`] would.
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_decode(
         &self,
         rec: &mut Recorder,
         x: Rows,
         m: u32,
-        pass: bool,
         norm: NormArgs,
         w1: &F16Matrix,
         b1: &Buffer,
@@ -1297,17 +1285,13 @@ impl Kernels {
             return Err(Error::Invalid(format!("ffn_decode: scratch of {} bytes for {} words", scratch.size(), words)));
         }
         let fin_eps = final_norm.map_or(0.0, |(n, _)| n.eps);
-        let params = FfnParams { d, ffn, chunks, x_off: x.off, x_stride: x.stride, eps: norm.eps, fin_eps, rows: m };
+        let params = FfnParams { d, ffn, chunks, x_off: x.off, x_stride: x.stride, eps: norm.eps, fin_eps, _p1: 0 };
         let (mu, du, fu) = (m as u64, d as u64, ffn as u64);
         let parts = mu * chunks as u64 * du * 4;
         let bufs = [x.buf, &w1.buf, b1, &w2.buf, b2, norm.gamma, norm.beta, scratch];
         // The weights once (later rows from L2), the rows, the partials written.
         let cost = Cost { bytes: w1.bytes() + w2.bytes() + mu * du * 4 + parts, flops: 4 * mu * du * fu };
-        match &self.ffn_decode_rows {
-            // A verify pass (one row too: one kernel per dispatch slot), four rows a workgroup.
-            Some(k) if pass => rec.dispatch(k, bytemuck::bytes_of(&params), &bufs, [chunks, 1, m.div_ceil(4)], cost)?,
-            _ => rec.dispatch(&self.ffn_decode, bytemuck::bytes_of(&params), &bufs, [chunks, 1, m], cost)?,
-        }
+        rec.dispatch(&self.ffn_decode, bytemuck::bytes_of(&params), &bufs, [chunks, 1, m], cost)?;
         let mut cost = Cost { bytes: parts + mu * du * 8, flops: mu * du * chunks as u64 };
         let grid = [d.div_ceil(FFN_SUM_OUTPUTS), 1, m];
         let Some((fin, out)) = final_norm else {

@@ -354,7 +354,7 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
         let xn = poisoned();
         let mut rec = g.recorder();
         let fin = fused.then(|| (fin_norm(), &xn));
-        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, true, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
+        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
         rec.submit(None).unwrap();
         let got = g.read_f32(&xb, 0, len).unwrap();
         let want = ops::ffn_residual(&x, m, d, &gm, &bt, 1e-5, &w1, &b1, ffn, &w2, &b2);
@@ -396,7 +396,7 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
             for (i, xn) in xna.iter().enumerate() {
                 let row = Rows::at(&xa, off + i * stride, stride);
                 let fin = fused.then(|| (fin_norm(), xn));
-                kern.ffn_decode(&mut rec, row, 1, false, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
+                kern.ffn_decode(&mut rec, row, 1, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
             }
             rec.submit(None).unwrap();
             let alone = g.read_f32(&xa, 0, len).unwrap();
@@ -428,7 +428,7 @@ fn ffn_decode_matches_reference_and_lone_rows() {
     run_ffn_decode(&mut r, VERIFY_MAX_ROWS as usize, 384, 1536);
     // Rows past 4 x 256 (the final norm's fifth element a thread), near large-v3's 1280.
     run_ffn_decode(&mut r, 2, 1102, 74);
-    // main_rows' second group of one row, K slices of 17 words (its loop past the first 16).
+    // K slices of 17 words (main's loop past its first 16).
     run_ffn_decode(&mut r, 5, 520, 100);
 }
 
@@ -446,15 +446,15 @@ fn ffn_decode_refuses_what_it_cannot_do() {
     let norm = NormArgs { gamma: &gm, beta: &bt, eps: 1e-5 };
     let mut rec = g.recorder();
     let x_rows = Rows::new(&x, 64);
-    assert!(kern.ffn_decode(&mut rec, x_rows, 0, true, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "no rows");
-    assert!(kern.ffn_decode(&mut rec, x_rows, most + 1, true, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "too many rows");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 1, true, norm, &w1, &b1, &w2, &b2, &small, None).is_err(), "short scratch");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 1, true, norm, &w1, &b1, &w1, &b2, &scratch, None).is_err(), "W2 of W1's shape");
-    assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, true, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "rows narrower than d");
-    assert!(kern.ffn_decode(&mut rec, x_rows, most, true, norm, &w1, &b1, &w2, &b2, &scratch, None).is_ok());
+    assert!(kern.ffn_decode(&mut rec, x_rows, 0, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "no rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, most + 1, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "too many rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w2, &b2, &small, None).is_err(), "short scratch");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w1, &b2, &scratch, None).is_err(), "W2 of W1's shape");
+    assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "rows narrower than d");
+    assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, None).is_ok());
     if kern.final_norm_fused() {
         let short = g.buffer("normalised rows", 64 * most as u64 * 4 - 4).unwrap();
-        assert!(kern.ffn_decode(&mut rec, x_rows, most, true, norm, &w1, &b1, &w2, &b2, &scratch, Some((norm, &short))).is_err(), "a short output");
+        assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, Some((norm, &short))).is_err(), "a short output");
     }
 }
 
