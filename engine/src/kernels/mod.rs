@@ -131,6 +131,10 @@ pub const ATTENTION_TILED_MIN_QUERIES: u32 = 8;
 
 /// Keys per workgroup of the split (flash-decoding) attention for a few queries.
 pub const ATTENTION_SPLIT_KEYS: u32 = 256;
+/// Query rows a workgroup of attention.wgsl's `main_split_rows` (its RQ: the components of
+/// a vec4), which is written for ATTENTION_SPLIT_KEYS = 256 (a key per thread).
+pub const ATTENTION_SPLIT_ROWS: u32 = 4;
+const _: () = assert!(ATTENTION_SPLIT_KEYS == 256);
 /// Capacity of the split attention's partials; larger problems use the chunked kernel.
 const ATTENTION_PARTIALS_FLOATS: u64 = 1 << 20;
 
@@ -1910,8 +1914,8 @@ impl Kernels {
     }
 
     /// [`Kernels::attention`] with up to `few` queries taken one workgroup per query (the
-    /// split kernel; with `pass`, a verify pass, four a workgroup where
-    /// [`Kernels::split_kernel`] says so), more by the many-query kernels.
+    /// split kernel; with `pass`, a verify pass, [`ATTENTION_SPLIT_ROWS`] a workgroup where
+    /// `dispatch_split` takes them so), more by the many-query kernels.
     fn attention_upto(&self, rec: &mut Recorder, a: &AttentionArgs, few: u32, pass: bool) -> Result<()> {
         let (mut params, cost) = attention_params(a)?;
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
@@ -1982,8 +1986,8 @@ impl Kernels {
     fn dispatch_split(&self, rec: &mut Recorder, a: &AttentionArgs, params: &[u8], bufs: [&Buffer; 4], n_splits: u32, cost: Cost, pass: bool) -> Result<()> {
         let hd = a.heads as u64 * a.head_dim as u64;
         match &self.attention_split_rows {
-            Some(k) if pass && a.head_dim == 64 && a.causal.is_none() && ATTENTION_SPLIT_KEYS == 256 => {
-                let groups = a.tq.div_ceil(4);
+            Some(k) if pass && a.head_dim == 64 && a.causal.is_none() => {
+                let groups = a.tq.div_ceil(ATTENTION_SPLIT_ROWS);
                 // Keys and values once a group of four rows rather than once a row.
                 let kv = a.tk as u64 * 2 * hd * 4;
                 let cost = Cost { bytes: cost.bytes - a.tq as u64 * kv + groups as u64 * kv, flops: cost.flops };
