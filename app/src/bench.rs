@@ -14,6 +14,8 @@
 //!   where a submission of 16 steps runs one in ≈ 0.33 ms; timestamps between the
 //!   dispatches of one pass summed to 0.54, worse), GB/s and % of a copy ceiling measured in
 //!   the same run (a vec4 copy kernel over two large buffers);
+//! - the per-kernel µs of verify passes of 1 to 16 positions side by side (where a
+//!   kernel's time steps up with the rows);
 //! - verify passes of 1..16 positions (speculative decoding's check of k = 0..15 drafts), ms
 //!   per pass, each followed by a rollback of all of them (the state is reused); and a
 //!   single step with none encoded ahead for its position (after a rollback): the step
@@ -585,6 +587,7 @@ fn bench(args: &Args) -> Result<(), String> {
     }
     gpu.pause_profiling(true);
     let profile = model.profile.clone();
+    let by_length = pass_length_profile(&gpu, &mut model, &rules)?;
 
     // End to end.
     let mut file_line = None;
@@ -721,6 +724,7 @@ fn bench(args: &Args) -> Result<(), String> {
     }
     println!();
     kernel_table(&profile, copy_gbs, prof_steps, prof_passes, verify_tokens.len());
+    pass_length_table(&by_length);
     if let Some(dir) = &args.pipeline_stats {
         pipeline_stats_table(&gpu, dir)?;
     }
@@ -914,6 +918,83 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
         return Err("the live replay's texts differ with and without drafts: speculative decoding changed the output".into());
     }
     Ok(rows)
+}
+
+/// Per-kernel GPU µs a verify pass of one length: (positions, [(kernel, µs a pass)]).
+type PassLengthProfile = (usize, Vec<(&'static str, f64)>);
+
+/// Verify-pass lengths the by-length table profiles (those up to the model's most).
+const PROFILE_PASS_LENGTHS: [usize; 9] = [1, 2, 4, 8, 9, 11, 12, 13, 16];
+
+/// Per-kernel GPU µs a verify pass for each length of PROFILE_PASS_LENGTHS, from 8 timed
+/// passes each, rolled back. A pass's time does not grow evenly with its rows (jfk's
+/// replayed passes on the H100, 2026-12-05: +3 to +19 µs a row up to 11, +52 from 11 to 12,
+/// +29 from 12 to 13): a kernel whose grid grows with the rows steps up where its
+/// workgroups pass another wave of the SMs' slots, which a table of one length cannot show.
+fn pass_length_profile(gpu: &Gpu, model: &mut GpuWhisper, rules: &StepRules) -> Result<Vec<PassLengthProfile>, String> {
+    let err = |e: engine::Error| e.to_string();
+    let mut out = Vec::new();
+    if !model.profile.timed || model.max_verify() == 0 {
+        return Ok(out);
+    }
+    const PASSES: usize = 8;
+    // The tokens the bench's other passes verify (any text tokens do: the work is the same).
+    let text_token = |i: usize| 400 + (i as u32 * 37) % 20000;
+    let most = model.max_verify();
+    for &n in PROFILE_PASS_LENGTHS.iter().filter(|&&n| n <= most) {
+        let tokens: Vec<u32> = (0..n).map(|i| text_token(i + 4)).collect();
+        // One untimed pass first: a pass length's first use builds its bind groups.
+        model.verify(&tokens, &vec![*rules; n]).map_err(err)?;
+        model.rollback(n).map_err(err)?;
+        model.profile.clear();
+        gpu.pause_profiling(false);
+        for _ in 0..PASSES {
+            model.verify(&tokens, &vec![*rules; n]).map_err(err)?;
+            model.rollback(n).map_err(err)?;
+        }
+        gpu.pause_profiling(true);
+        let mut per: Vec<(&'static str, f64)> = Vec::new();
+        for k in model.profile.stats() {
+            let us = k.gpu_ns / 1e3 / PASSES as f64;
+            match per.iter_mut().find(|(name, _)| *name == k.kernel) {
+                Some(e) => e.1 += us,
+                None => per.push((k.kernel, us)),
+            }
+        }
+        out.push((n, per));
+    }
+    model.profile.clear();
+    Ok(out)
+}
+
+/// The by-length table: kernels (rows) against pass lengths (columns), GPU µs a pass.
+fn pass_length_table(by_length: &[PassLengthProfile]) {
+    let Some((_, longest)) = by_length.last() else {
+        return;
+    };
+    println!();
+    println!("Verify passes by length (GPU µs a pass, a pass per dispatch, 8 passes each; the kernels of a pass summed by name):");
+    println!();
+    let head: Vec<String> = by_length.iter().map(|(n, _)| n.to_string()).collect();
+    println!("| kernel | {} |", head.join(" | "));
+    println!("|---|{}", "---:|".repeat(by_length.len()));
+    let mut names: Vec<&'static str> = longest.iter().map(|(k, _)| *k).collect();
+    for (_, per) in by_length {
+        for (k, _) in per {
+            if !names.contains(k) {
+                names.push(k);
+            }
+        }
+    }
+    for name in names {
+        let cells: Vec<String> = by_length
+            .iter()
+            .map(|(_, per)| per.iter().find(|(k, _)| *k == name).map(|(_, us)| format!("{us:.1}")).unwrap_or_default())
+            .collect();
+        println!("| {name} | {} |", cells.join(" | "));
+    }
+    let totals: Vec<String> = by_length.iter().map(|(_, per)| format!("{:.1}", per.iter().map(|(_, us)| us).sum::<f64>())).collect();
+    println!("| all | {} |", totals.join(" | "));
 }
 
 /// The per-kernel table: GPU time per dispatch from timestamp queries, GB/s and % of copy.
