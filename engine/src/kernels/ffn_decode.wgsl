@@ -125,6 +125,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let xb = p.x_off + row * p.x_stride;
 
     // fc2's words of this thread's first two output pairs depend on nothing: issued first.
+    // (`ffn_decode_late_source` in kernels/mod.rs moves these three statements after the
+    // hidden values: 32 fewer registers held through fc1, the same bits.)
     let v2a = fc2_words(h0, nh, min(lid, dw - 1u), dw);
     var v2b = v2a;
     if (dw > WG) {

@@ -856,6 +856,11 @@ pub struct Kernels {
     gemv_wide_min_bytes: u64,
     /// The decoder's feed-forward block (ffn_decode.wgsl): the chunks' partials, their sum.
     ffn_decode: Arc<Kernel>,
+    /// The chunk kernel a verify pass takes where it differs from a step's (None: the same):
+    /// `VERBATIM_FFN_LATE=pass` gives passes [`ffn_decode_late_source`]'s, whose registers
+    /// let more of a pass's workgroups share an SM, and keeps steps on `main` (not yet timed
+    /// on a GPU; `VERBATIM_FFN_LATE=1` gives it to steps too).
+    ffn_decode_pass: Option<Arc<Kernel>>,
     ffn_sum: Arc<Kernel>,
     /// The sum that also writes the final LayerNorm of its rows (`main_sum_norm`; None where
     /// the device takes fewer than its 12 storage buffers a kernel, or with
@@ -919,6 +924,68 @@ pub struct Kernels {
     zero: Buffer,
     /// A read-write binding nothing writes (gemm_into_planes' rows output).
     unused_out: Buffer,
+}
+
+/// ffn_decode.wgsl with fc2's words loaded after the hidden values rather than first: the
+/// same loads and arithmetic, so the same bits, with 32 fewer registers a thread held through
+/// fc1. `main` takes 109 registers on NVIDIA's compiler (RESULTS.md 2026-12-04, third
+/// session): two 256-thread workgroups an SM, so a verify pass of 16 rows (1536 workgroups
+/// on tiny.en) runs in six waves on 132 SMs, and passes grow by steps where a wave is added.
+/// Fewer registers trade a load's round trip after the hidden values for more workgroups an
+/// SM: whether that pays is the GPU's to say (`VERBATIM_FFN_LATE=1|pass`; not yet timed).
+pub fn ffn_decode_late_source() -> Result<String> {
+    const FC2_FIRST: &str = "    let v2a = fc2_words(h0, nh, min(lid, dw - 1u), dw);
+    var v2b = v2a;
+    if (dw > WG) {
+        v2b = fc2_words(h0, nh, min(lid + WG, dw - 1u), dw);
+    }
+";
+    const HIDDEN_DONE: &str = "        hs[2u * cp + 1u] = h.y;
+    }
+    workgroupBarrier();
+";
+    let late = HIDDEN_DONE.replace("    workgroupBarrier();\n", &format!("{FC2_FIRST}    workgroupBarrier();\n"));
+    rewrite_source("ffn_decode_late_source", FFN_DECODE_SOURCE, &[(FC2_FIRST, ""), (HIDDEN_DONE, &late)])
+}
+
+/// attention.wgsl with `main_split_rows` loading the values after the softmax rather than
+/// with the keys: the same loads and arithmetic, so the same bits, with ~64 fewer registers
+/// a thread held through the scores. main_split takes 155 (RESULTS.md 2026-12-04, third
+/// session): one 256-thread workgroup an SM, so a pass of 13-16 rows (four row groups: 144
+/// workgroups on tiny.en) needs a second wave on 132 SMs. `VERBATIM_ATTENTION_ROWS=late`
+/// (not yet timed on a GPU).
+pub fn attention_split_rows_late_source() -> Result<String> {
+    const VALUES: &str = "    let vs = split_vals64(j_lo, n, h, lid);
+    // Row lid / 64's dimension lid % 64 (a zero query past tq).
+";
+    const SOFTMAX_DONE: &str = "    let total = reduce4(e, lid, false);
+";
+    let late = format!("{SOFTMAX_DONE}    let vs = split_vals64(j_lo, n, h, lid);\n");
+    rewrite_source(
+        "attention_split_rows_late_source",
+        ATTENTION_SOURCE,
+        &[(VALUES, "    // Row lid / 64's dimension lid % 64 (a zero query past tq).\n"), (SOFTMAX_DONE, &late)],
+    )
+}
+
+/// The feed-forward chunk kernel: ffn_decode.wgsl's `main`, or with `late` the same from
+/// [`ffn_decode_late_source`].
+fn ffn_decode_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
+    use Access::{Read as R, ReadWrite as W};
+    match late {
+        true => gpu.kernel("ffn_decode_f16_late", &ffn_decode_late_source()?, &[W, R, R, R, R, R, R, W]),
+        false => gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W]),
+    }
+}
+
+/// The cross-attention's rows kernel: attention.wgsl's `main_split_rows`, or with `late` the
+/// same from [`attention_split_rows_late_source`].
+fn attention_split_rows_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
+    use Access::{Read as R, ReadWrite as W};
+    match late {
+        true => gpu.kernel_entry("attention_split_rows_late", &attention_split_rows_late_source()?, "main_split_rows", &[R, R, R, W]),
+        false => gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W]),
+    }
 }
 
 impl Kernels {
@@ -1038,7 +1105,11 @@ impl Kernels {
                     gpu.kernel_entry("gemv_m1_f16_merge", &gemv_m1_source(GemvM1Variant::Merge)?, "main_m1", &rw)?,
                 ]
             },
-            ffn_decode: gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W])?,
+            ffn_decode: ffn_decode_kernel(gpu, std::env::var("VERBATIM_FFN_LATE").is_ok_and(|v| v == "1"))?,
+            ffn_decode_pass: match std::env::var("VERBATIM_FFN_LATE").is_ok_and(|v| v == "pass") {
+                true => Some(ffn_decode_kernel(gpu, true)?),
+                false => None,
+            },
             ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
             ffn_sum_norm: match gpu.device.limits().max_storage_buffers_per_shader_stage >= 12
                 && std::env::var("VERBATIM_FINAL_NORM_FUSED").map_or(true, |v| v != "0")
@@ -1059,9 +1130,10 @@ impl Kernels {
             force_tiled_attention: std::env::var("VERBATIM_ATTENTION_TILED").is_ok_and(|v| !v.is_empty() && v != "0"),
             blocked_partials: None,
             attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
-            attention_split_rows: match std::env::var("VERBATIM_ATTENTION_ROWS").is_ok_and(|v| v == "0") {
-                true => None,
-                false => Some(gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W])?),
+            attention_split_rows: match std::env::var("VERBATIM_ATTENTION_ROWS").as_deref() {
+                Ok("0") => None,
+                Ok(v) => Some(attention_split_rows_kernel(gpu, v == "late")?),
+                Err(_) => Some(attention_split_rows_kernel(gpu, false)?),
             },
             attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
             attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
@@ -1258,7 +1330,9 @@ impl Kernels {
     /// dispatches (ffn_decode.wgsl), each row bit-identical to the same row alone. `scratch`
     /// holds [`ffn_scratch_words`] floats (the partials). With `final_norm` (the decoder's
     /// last layer; see [`Kernels::final_norm_fused`]) the sum also writes LayerNorm(x[r]) with
-    /// its gamma and beta to row r of its buffer, as [`Kernels::layer_norm`] would.
+    /// its gamma and beta to row r of its buffer, as [`Kernels::layer_norm`] would. `pass`: a
+    /// verify pass's rows (one too, so that a dispatch slot keeps one kernel), which take the
+    /// pass's chunk kernel where one is set (`VERBATIM_FFN_LATE=pass`).
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_decode(
         &self,
@@ -1272,6 +1346,7 @@ impl Kernels {
         b2: &Buffer,
         scratch: &Buffer,
         final_norm: Option<(NormArgs, &Buffer)>,
+        pass: bool,
     ) -> Result<()> {
         let (d, ffn) = (w1.k, w1.n);
         let chunks = ffn.div_ceil(FFN_CHUNK);
@@ -1295,7 +1370,11 @@ impl Kernels {
         let bufs = [x.buf, &w1.buf, b1, &w2.buf, b2, norm.gamma, norm.beta, scratch];
         // The weights once (later rows from L2), the rows, the partials written.
         let cost = Cost { bytes: w1.bytes() + w2.bytes() + mu * du * 4 + parts, flops: 4 * mu * du * fu };
-        rec.dispatch(&self.ffn_decode, bytemuck::bytes_of(&params), &bufs, [chunks, 1, m], cost)?;
+        let chunk_kernel = match (&self.ffn_decode_pass, pass) {
+            (Some(k), true) => k,
+            _ => &self.ffn_decode,
+        };
+        rec.dispatch(chunk_kernel, bytemuck::bytes_of(&params), &bufs, [chunks, 1, m], cost)?;
         let mut cost = Cost { bytes: parts + mu * du * 8, flops: mu * du * chunks as u64 };
         let grid = [d.div_ceil(FFN_SUM_OUTPUTS), 1, m];
         let Some((fin, out)) = final_norm else {

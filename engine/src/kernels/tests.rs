@@ -354,7 +354,7 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
         let xn = poisoned();
         let mut rec = g.recorder();
         let fin = fused.then(|| (fin_norm(), &xn));
-        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
+        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin, false).unwrap();
         rec.submit(None).unwrap();
         let got = g.read_f32(&xb, 0, len).unwrap();
         let want = ops::ffn_residual(&x, m, d, &gm, &bt, 1e-5, &w1, &b1, ffn, &w2, &b2);
@@ -396,7 +396,7 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
             for (i, xn) in xna.iter().enumerate() {
                 let row = Rows::at(&xa, off + i * stride, stride);
                 let fin = fused.then(|| (fin_norm(), xn));
-                kern.ffn_decode(&mut rec, row, 1, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin).unwrap();
+                kern.ffn_decode(&mut rec, row, 1, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin, false).unwrap();
             }
             rec.submit(None).unwrap();
             let alone = g.read_f32(&xa, 0, len).unwrap();
@@ -446,15 +446,15 @@ fn ffn_decode_refuses_what_it_cannot_do() {
     let norm = NormArgs { gamma: &gm, beta: &bt, eps: 1e-5 };
     let mut rec = g.recorder();
     let x_rows = Rows::new(&x, 64);
-    assert!(kern.ffn_decode(&mut rec, x_rows, 0, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "no rows");
-    assert!(kern.ffn_decode(&mut rec, x_rows, most + 1, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "too many rows");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w2, &b2, &small, None).is_err(), "short scratch");
-    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w1, &b2, &scratch, None).is_err(), "W2 of W1's shape");
-    assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, norm, &w1, &b1, &w2, &b2, &scratch, None).is_err(), "rows narrower than d");
-    assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, None).is_ok());
+    assert!(kern.ffn_decode(&mut rec, x_rows, 0, norm, &w1, &b1, &w2, &b2, &scratch, None, false).is_err(), "no rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, most + 1, norm, &w1, &b1, &w2, &b2, &scratch, None, false).is_err(), "too many rows");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w2, &b2, &small, None, false).is_err(), "short scratch");
+    assert!(kern.ffn_decode(&mut rec, x_rows, 1, norm, &w1, &b1, &w1, &b2, &scratch, None, false).is_err(), "W2 of W1's shape");
+    assert!(kern.ffn_decode(&mut rec, Rows::new(&x, 32), 1, norm, &w1, &b1, &w2, &b2, &scratch, None, false).is_err(), "rows narrower than d");
+    assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, None, false).is_ok());
     if kern.final_norm_fused() {
         let short = g.buffer("normalised rows", 64 * most as u64 * 4 - 4).unwrap();
-        assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, Some((norm, &short))).is_err(), "a short output");
+        assert!(kern.ffn_decode(&mut rec, x_rows, most, norm, &w1, &b1, &w2, &b2, &scratch, Some((norm, &short)), false).is_err(), "a short output");
     }
 }
 
@@ -2378,4 +2378,106 @@ fn replay_programs_dropped_at_the_bound_are_rebuilt() {
         assert_eq!(got, data[..rows as usize * 7].to_vec(), "round {round} ({rows} rows)");
         assert_eq!(g.replay_programs(), 1, "round {round}: one program kept");
     }
+}
+
+/// The late-load variants ([`ffn_decode_late_source`], [`attention_split_rows_late_source`])
+/// against the shipped kernels on the same inputs: the same loads and the same arithmetic
+/// issued later, so the same bits (on lavapipe; a GPU's compiler is checked by the bench's
+/// verify-against-steps guard), and the reference within rounding.
+fn run_late_loads(r: &mut StdRng, m: usize, d: usize, ffn: usize, tk: usize, heads: usize) {
+    let g = gpu();
+    let shipped = Kernels::load(g).unwrap();
+    let mut late = Kernels::load(g).unwrap();
+    late.ffn_decode = ffn_decode_kernel(g, true).unwrap();
+    late.attention_split_rows = Some(attention_split_rows_kernel(g, true).unwrap());
+    let what = format!("late loads m={m} d={d} ffn={ffn} tk={tk} heads={heads}");
+
+    // The feed-forward block, rows at an offset and stride, the final norm off.
+    let gm: Vec<f32> = rand_vec(r, d, 0.5).iter().map(|v| v + 1.0).collect();
+    let bt = rand_vec(r, d, 0.5);
+    let w1 = f16_round(&rand_vec(r, ffn * d, 0.5));
+    let b1 = rand_vec(r, ffn, 0.5);
+    let w2 = f16_round(&rand_vec(r, d * ffn, 0.5));
+    let b2 = rand_vec(r, d, 0.5);
+    let w1m = F16Matrix::from_bits(g, "w1", &f16_bits(&w1), ffn, d).unwrap();
+    let w2m = F16Matrix::from_bits(g, "w2", &f16_bits(&w2), d, ffn).unwrap();
+    let (gb, bb, b1b, b2b) = (
+        g.upload_f32("gamma", &gm).unwrap(),
+        g.upload_f32("beta", &bt).unwrap(),
+        g.upload_f32("b1", &b1).unwrap(),
+        g.upload_f32("b2", &b2).unwrap(),
+    );
+    let scratch = g.buffer("ffn scratch", ffn_scratch_words(d as u32, ffn as u32) * 4).unwrap();
+    let (off, stride) = (3, d + 5);
+    let len = off + m * stride + 2;
+    let mut buf = rand_vec(r, len, 1.0);
+    let mut x = Vec::with_capacity(m * d);
+    for i in 0..m {
+        for c in 0..d {
+            buf[off + i * stride + c] += 2.0;
+            x.push(buf[off + i * stride + c]);
+        }
+    }
+    let ffn_out = |k: &Kernels| -> Vec<f32> {
+        let xb = g.upload_f32("x", &buf).unwrap();
+        g.fill_u32(&scratch, NAN_BITS);
+        let mut rec = g.recorder();
+        let norm = NormArgs { gamma: &gb, beta: &bb, eps: 1e-5 };
+        k.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm, &w1m, &b1b, &w2m, &b2b, &scratch, None, false).unwrap();
+        rec.submit(None).unwrap();
+        g.read_f32(&xb, 0, len).unwrap()
+    };
+    let (a, b) = (ffn_out(&shipped), ffn_out(&late));
+    for (i, (x0, x1)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x0.to_bits(), x1.to_bits(), "{what}: ffn word {i} is {x1} late, {x0} shipped");
+    }
+    let rows: Vec<f32> = (0..m).flat_map(|i| b[off + i * stride..off + i * stride + d].to_vec()).collect();
+    let want = ops::ffn_residual(&x, m, d, &gm, &bt, 1e-5, &w1, &b1, ffn, &w2, &b2);
+    let e = rel_err(&rows, &want);
+    assert!(e < 1e-5, "{what}: ffn rel err {e}");
+
+    // The cross-attention's rows (no mask), key and value rows interleaved as the decoder's.
+    let hd = heads * 64;
+    let q = rand_vec(r, m * hd, 1.0);
+    let kv = rand_vec(r, tk * 2 * hd, 1.0);
+    let qb = g.upload_f32("q", &q).unwrap();
+    let kvb = g.upload_f32("k|v", &kv).unwrap();
+    let attend = |k: &Kernels| -> Vec<f32> {
+        g.fill_u32(&k.attention_partials, NAN_BITS);
+        let out = poisoned(m * hd);
+        let args = AttentionArgs {
+            q: Rows::new(&qb, hd),
+            k: Rows::at(&kvb, 0, 2 * hd),
+            v: Rows::at(&kvb, hd, 2 * hd),
+            out: Rows::new(&out, hd),
+            tq: m as u32,
+            tk: tk as u32,
+            heads: heads as u32,
+            head_dim: 64,
+            causal: None,
+        };
+        let mut rec = g.recorder();
+        k.attention_rows(&mut rec, &args).unwrap();
+        rec.submit(None).unwrap();
+        g.read_f32(&out, 0, m * hd).unwrap()
+    };
+    let (a, b) = (attend(&shipped), attend(&late));
+    for (i, (x0, x1)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x0.to_bits(), x1.to_bits(), "{what}: attention element {i} is {x1} late, {x0} shipped");
+    }
+    let col = |c: usize| -> Vec<f32> { (0..tk).flat_map(|j| kv[j * 2 * hd + c * hd..j * 2 * hd + (c + 1) * hd].to_vec()).collect() };
+    let want = ops::attention(&q, &col(0), &col(1), m, tk, heads, 64, None);
+    let e = rel_err(&b, &want);
+    assert!(e < 1e-5, "{what}: attention rel err {e}");
+}
+
+#[test]
+fn late_loads_keep_the_bits() {
+    let mut r = rng("late_loads");
+    // tiny.en's shapes with a verify pass's most rows (1500 frames: a last split of 220).
+    run_late_loads(&mut r, VERIFY_MAX_ROWS as usize, 384, 1536, 1500, 2);
+    // A ragged last chunk and row group, more output pairs than threads, a short split.
+    run_late_loads(&mut r, 7, 600, 406, 300, 3);
+    // One row (a decode step's ffn; a one-row group).
+    run_late_loads(&mut r, 1, 136, 100, 257, 1);
 }

@@ -1382,7 +1382,7 @@ impl GpuWhisper {
                 (WRef::F16(w1), WRef::F16(w2)) if ffn_decode_rows => {
                     rec.part("ffn");
                     let fin = (norm_in_ffn && li + 1 == layers.len()).then(|| (ln(b.dec_norm), b.dec_xn));
-                    k.ffn_decode(rec, x, m, ln(l.ffn_norm), w1, l.fc1.b, w2, l.fc2.b, b.ffn_scratch, fin)?;
+                    k.ffn_decode(rec, x, m, ln(l.ffn_norm), w1, l.fc1.b, w2, l.fc2.b, b.ffn_scratch, fin, per_row)?;
                 }
                 _ => {
                     let h = Rows::new(b.dec_h, dims.ffn);
