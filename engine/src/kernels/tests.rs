@@ -312,26 +312,87 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
 /// device fuses the final norm, every run also writes it (main_sum_norm, into a poisoned
 /// buffer): against the CPU's LayerNorm of the updated rows, and bit for bit against the
 /// LayerNorm kernel it replaces; each run after the first needs the counters it left at 0.
+/// A decoder feed-forward block of random f16 weights (d x ffn) on the GPU, with its
+/// LayerNorm, biases and ffn_decode's scratch, and the CPU's answer for rows of it.
+struct FfnCase {
+    d: usize,
+    ffn: usize,
+    gm: Vec<f32>,
+    bt: Vec<f32>,
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    b2: Vec<f32>,
+    w1m: F16Matrix,
+    w2m: F16Matrix,
+    gb: Buffer,
+    bb: Buffer,
+    b1b: Buffer,
+    b2b: Buffer,
+    scratch: Buffer,
+}
+
+impl FfnCase {
+    fn new(g: &Gpu, r: &mut StdRng, d: usize, ffn: usize) -> FfnCase {
+        let gm: Vec<f32> = rand_vec(r, d, 0.5).iter().map(|v| v + 1.0).collect();
+        let bt = rand_vec(r, d, 0.5);
+        let w1 = f16_round(&rand_vec(r, ffn * d, 0.5));
+        let b1 = rand_vec(r, ffn, 0.5);
+        let w2 = f16_round(&rand_vec(r, d * ffn, 0.5));
+        let b2 = rand_vec(r, d, 0.5);
+        FfnCase {
+            d,
+            ffn,
+            w1m: F16Matrix::from_bits(g, "w1", &f16_bits(&w1), ffn, d).unwrap(),
+            w2m: F16Matrix::from_bits(g, "w2", &f16_bits(&w2), d, ffn).unwrap(),
+            gb: g.upload_f32("gamma", &gm).unwrap(),
+            bb: g.upload_f32("beta", &bt).unwrap(),
+            b1b: g.upload_f32("b1", &b1).unwrap(),
+            b2b: g.upload_f32("b2", &b2).unwrap(),
+            scratch: g.buffer("ffn scratch", ffn_scratch_words(d as u32, ffn as u32) * 4).unwrap(),
+            gm,
+            bt,
+            w1,
+            b1,
+            w2,
+            b2,
+        }
+    }
+
+    fn norm(&self) -> NormArgs<'_> {
+        NormArgs { gamma: &self.gb, beta: &self.bb, eps: 1e-5 }
+    }
+
+    /// ffn_decode over `m` rows of `x` (final norm as given).
+    fn run(&self, k: &Kernels, rec: &mut Recorder, x: Rows, m: usize, fin: Option<(NormArgs, &Buffer)>) {
+        k.ffn_decode(rec, x, m as u32, self.norm(), &self.w1m, &self.b1b, &self.w2m, &self.b2b, &self.scratch, fin, false).unwrap();
+    }
+
+    /// The CPU's rows for the `m` rows of `x` (row-major, d each).
+    fn reference(&self, x: &[f32], m: usize) -> Vec<f32> {
+        ops::ffn_residual(x, m, self.d, &self.gm, &self.bt, 1e-5, &self.w1, &self.b1, self.ffn, &self.w2, &self.b2)
+    }
+}
+
+/// `len` random words with `m` rows of `d` at `off`, `stride` apart, shifted by 2 (a
+/// residual stream's mean): the buffer, and the rows alone.
+fn offset_rows(r: &mut StdRng, len: usize, m: usize, d: usize, off: usize, stride: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut buf = rand_vec(r, len, 1.0);
+    let mut x = Vec::with_capacity(m * d);
+    for i in 0..m {
+        for c in 0..d {
+            buf[off + i * stride + c] += 2.0;
+            x.push(buf[off + i * stride + c]);
+        }
+    }
+    (buf, x)
+}
+
 fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
     let (off, stride) = (5, d + 3);
-    let gm: Vec<f32> = rand_vec(r, d, 0.5).iter().map(|v| v + 1.0).collect();
-    let bt = rand_vec(r, d, 0.5);
-    let w1 = f16_round(&rand_vec(r, ffn * d, 0.5));
-    let b1 = rand_vec(r, ffn, 0.5);
-    let w2 = f16_round(&rand_vec(r, d * ffn, 0.5));
-    let b2 = rand_vec(r, d, 0.5);
-    let w1m = F16Matrix::from_bits(g, "w1", &f16_bits(&w1), ffn, d).unwrap();
-    let w2m = F16Matrix::from_bits(g, "w2", &f16_bits(&w2), d, ffn).unwrap();
-    let (gb, bb, b1b, b2b) = (
-        g.upload_f32("gamma", &gm).unwrap(),
-        g.upload_f32("beta", &bt).unwrap(),
-        g.upload_f32("b1", &b1).unwrap(),
-        g.upload_f32("b2", &b2).unwrap(),
-    );
-    let scratch = g.buffer("ffn scratch", ffn_scratch_words(d as u32, ffn as u32) * 4).unwrap();
-    let norm = || NormArgs { gamma: &gb, beta: &bb, eps: 1e-5 };
+    let case = FfnCase::new(g, r, d, ffn);
     let what = format!("m={m} d={d} ffn={ffn}");
     let len = off + m * stride + 7;
     let fused = kern.final_norm_fused();
@@ -342,22 +403,15 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
     let poisoned = || g.upload_f32("normalised rows", &vec![f32::NAN; xn_len]).unwrap();
     for round in 0..2 {
         // Rows with an offset mean (a residual stream's), the words around them random too.
-        let mut buf = rand_vec(r, len, 1.0);
-        let mut x = Vec::with_capacity(m * d);
-        for i in 0..m {
-            for c in 0..d {
-                buf[off + i * stride + c] += 2.0;
-                x.push(buf[off + i * stride + c]);
-            }
-        }
+        let (buf, x) = offset_rows(r, len, m, d, off, stride);
         let xb = g.upload_f32("x", &buf).unwrap();
         let xn = poisoned();
         let mut rec = g.recorder();
         let fin = fused.then(|| (fin_norm(), &xn));
-        kern.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin, false).unwrap();
+        case.run(&kern, &mut rec, Rows::at(&xb, off, stride), m, fin);
         rec.submit(None).unwrap();
         let got = g.read_f32(&xb, 0, len).unwrap();
-        let want = ops::ffn_residual(&x, m, d, &gm, &bt, 1e-5, &w1, &b1, ffn, &w2, &b2);
+        let want = case.reference(&x, m);
         let mut rows = Vec::with_capacity(m * d);
         for (i, (a, b)) in got.iter().zip(&buf).enumerate() {
             let in_row = i >= off && (i - off) / stride < m && (i - off) % stride < d;
@@ -396,7 +450,7 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
             for (i, xn) in xna.iter().enumerate() {
                 let row = Rows::at(&xa, off + i * stride, stride);
                 let fin = fused.then(|| (fin_norm(), xn));
-                kern.ffn_decode(&mut rec, row, 1, norm(), &w1m, &b1b, &w2m, &b2b, &scratch, fin, false).unwrap();
+                case.run(&kern, &mut rec, row, 1, fin);
             }
             rec.submit(None).unwrap();
             let alone = g.read_f32(&xa, 0, len).unwrap();
@@ -1269,25 +1323,40 @@ fn run_attention_rows(r: &mut StdRng, m: usize, p0: usize, heads: usize) {
 /// then main_merge): each of `m` rows bit for bit what its query alone gets from
 /// `attention` (main_split and its merge, a decode step), all of them the reference within
 /// rounding; outputs and partials poisoned first.
-fn run_cross_rows(r: &mut StdRng, m: usize, tk: usize, heads: usize) {
-    let g = gpu();
-    let kern = Kernels::load(g).unwrap();
-    let hd = heads * 64;
-    let q = rand_vec(r, m * hd, 1.0);
-    let kv = rand_vec(r, tk * 2 * hd, 1.0);
-    let qb = g.upload_f32("q", &q).unwrap();
-    let kvb = g.upload_f32("k|v", &kv).unwrap();
-    let run = |rows: std::ops::Range<usize>, pass: bool| -> Vec<f32> {
+/// Cross-attention inputs (no mask, head_dim 64): `m` random query rows and `tk` key|value
+/// rows interleaved as the decoder's encoder K|V, on the GPU, and the CPU's answer.
+struct CrossCase {
+    m: usize,
+    tk: usize,
+    heads: usize,
+    q: Vec<f32>,
+    kv: Vec<f32>,
+    qb: Buffer,
+    kvb: Buffer,
+}
+
+impl CrossCase {
+    fn new(g: &Gpu, r: &mut StdRng, m: usize, tk: usize, heads: usize) -> CrossCase {
+        let hd = heads * 64;
+        let q = rand_vec(r, m * hd, 1.0);
+        let kv = rand_vec(r, tk * 2 * hd, 1.0);
+        CrossCase { m, tk, heads, qb: g.upload_f32("q", &q).unwrap(), kvb: g.upload_f32("k|v", &kv).unwrap(), q, kv }
+    }
+
+    /// Query rows `rows` through `attention_rows` (`pass`) or `attention` (a query a
+    /// workgroup), the partials and the output poisoned first.
+    fn run(&self, g: &Gpu, kern: &Kernels, rows: std::ops::Range<usize>, pass: bool) -> Vec<f32> {
+        let hd = self.heads * 64;
         g.fill_u32(&kern.attention_partials, NAN_BITS);
         let out = poisoned(rows.len() * hd);
         let args = AttentionArgs {
-            q: Rows::at(&qb, rows.start * hd, hd),
-            k: Rows::at(&kvb, 0, 2 * hd),
-            v: Rows::at(&kvb, hd, 2 * hd),
+            q: Rows::at(&self.qb, rows.start * hd, hd),
+            k: Rows::at(&self.kvb, 0, 2 * hd),
+            v: Rows::at(&self.kvb, hd, 2 * hd),
             out: Rows::new(&out, hd),
             tq: rows.len() as u32,
-            tk: tk as u32,
-            heads: heads as u32,
+            tk: self.tk as u32,
+            heads: self.heads as u32,
             head_dim: 64,
             causal: None,
         };
@@ -1298,14 +1367,25 @@ fn run_cross_rows(r: &mut StdRng, m: usize, tk: usize, heads: usize) {
         }
         rec.submit(None).unwrap();
         g.read_f32(&out, 0, rows.len() * hd).unwrap()
-    };
-    let got = run(0..m, true);
-    let col = |c: usize| -> Vec<f32> { (0..tk).flat_map(|j| kv[j * 2 * hd + c * hd..j * 2 * hd + (c + 1) * hd].to_vec()).collect() };
-    let want = ops::attention(&q, &col(0), &col(1), m, tk, heads, 64, None);
-    let e = rel_err(&got, &want);
+    }
+
+    fn reference(&self) -> Vec<f32> {
+        let hd = self.heads * 64;
+        let col = |c: usize| -> Vec<f32> { (0..self.tk).flat_map(|j| self.kv[j * 2 * hd + c * hd..j * 2 * hd + (c + 1) * hd].to_vec()).collect() };
+        ops::attention(&self.q, &col(0), &col(1), self.m, self.tk, self.heads, 64, None)
+    }
+}
+
+fn run_cross_rows(r: &mut StdRng, m: usize, tk: usize, heads: usize) {
+    let g = gpu();
+    let kern = Kernels::load(g).unwrap();
+    let hd = heads * 64;
+    let case = CrossCase::new(g, r, m, tk, heads);
+    let got = case.run(g, &kern, 0..m, true);
+    let e = rel_err(&got, &case.reference());
     assert!(e < 1e-5, "cross-attention rows m={m} tk={tk} h={heads}: rel err {e}");
     for i in 0..m {
-        let lone = run(i..i + 1, false);
+        let lone = case.run(g, &kern, i..i + 1, false);
         for (c, (a, b)) in got[i * hd..(i + 1) * hd].iter().zip(&lone).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "cross-attention rows m={m} tk={tk}: row {i} element {c} is {a}, alone {b}");
         }
@@ -2393,37 +2473,15 @@ fn run_late_loads(r: &mut StdRng, m: usize, d: usize, ffn: usize, tk: usize, hea
     let what = format!("late loads m={m} d={d} ffn={ffn} tk={tk} heads={heads}");
 
     // The feed-forward block, rows at an offset and stride, the final norm off.
-    let gm: Vec<f32> = rand_vec(r, d, 0.5).iter().map(|v| v + 1.0).collect();
-    let bt = rand_vec(r, d, 0.5);
-    let w1 = f16_round(&rand_vec(r, ffn * d, 0.5));
-    let b1 = rand_vec(r, ffn, 0.5);
-    let w2 = f16_round(&rand_vec(r, d * ffn, 0.5));
-    let b2 = rand_vec(r, d, 0.5);
-    let w1m = F16Matrix::from_bits(g, "w1", &f16_bits(&w1), ffn, d).unwrap();
-    let w2m = F16Matrix::from_bits(g, "w2", &f16_bits(&w2), d, ffn).unwrap();
-    let (gb, bb, b1b, b2b) = (
-        g.upload_f32("gamma", &gm).unwrap(),
-        g.upload_f32("beta", &bt).unwrap(),
-        g.upload_f32("b1", &b1).unwrap(),
-        g.upload_f32("b2", &b2).unwrap(),
-    );
-    let scratch = g.buffer("ffn scratch", ffn_scratch_words(d as u32, ffn as u32) * 4).unwrap();
+    let case = FfnCase::new(g, r, d, ffn);
     let (off, stride) = (3, d + 5);
     let len = off + m * stride + 2;
-    let mut buf = rand_vec(r, len, 1.0);
-    let mut x = Vec::with_capacity(m * d);
-    for i in 0..m {
-        for c in 0..d {
-            buf[off + i * stride + c] += 2.0;
-            x.push(buf[off + i * stride + c]);
-        }
-    }
+    let (buf, x) = offset_rows(r, len, m, d, off, stride);
     let ffn_out = |k: &Kernels| -> Vec<f32> {
         let xb = g.upload_f32("x", &buf).unwrap();
-        g.fill_u32(&scratch, NAN_BITS);
+        g.fill_u32(&case.scratch, NAN_BITS);
         let mut rec = g.recorder();
-        let norm = NormArgs { gamma: &gb, beta: &bb, eps: 1e-5 };
-        k.ffn_decode(&mut rec, Rows::at(&xb, off, stride), m as u32, norm, &w1m, &b1b, &w2m, &b2b, &scratch, None, false).unwrap();
+        case.run(k, &mut rec, Rows::at(&xb, off, stride), m, None);
         rec.submit(None).unwrap();
         g.read_f32(&xb, 0, len).unwrap()
     };
@@ -2432,42 +2490,16 @@ fn run_late_loads(r: &mut StdRng, m: usize, d: usize, ffn: usize, tk: usize, hea
         assert_eq!(x0.to_bits(), x1.to_bits(), "{what}: ffn word {i} is {x1} late, {x0} shipped");
     }
     let rows: Vec<f32> = (0..m).flat_map(|i| b[off + i * stride..off + i * stride + d].to_vec()).collect();
-    let want = ops::ffn_residual(&x, m, d, &gm, &bt, 1e-5, &w1, &b1, ffn, &w2, &b2);
-    let e = rel_err(&rows, &want);
+    let e = rel_err(&rows, &case.reference(&x, m));
     assert!(e < 1e-5, "{what}: ffn rel err {e}");
 
     // The cross-attention's rows (no mask), key and value rows interleaved as the decoder's.
-    let hd = heads * 64;
-    let q = rand_vec(r, m * hd, 1.0);
-    let kv = rand_vec(r, tk * 2 * hd, 1.0);
-    let qb = g.upload_f32("q", &q).unwrap();
-    let kvb = g.upload_f32("k|v", &kv).unwrap();
-    let attend = |k: &Kernels| -> Vec<f32> {
-        g.fill_u32(&k.attention_partials, NAN_BITS);
-        let out = poisoned(m * hd);
-        let args = AttentionArgs {
-            q: Rows::new(&qb, hd),
-            k: Rows::at(&kvb, 0, 2 * hd),
-            v: Rows::at(&kvb, hd, 2 * hd),
-            out: Rows::new(&out, hd),
-            tq: m as u32,
-            tk: tk as u32,
-            heads: heads as u32,
-            head_dim: 64,
-            causal: None,
-        };
-        let mut rec = g.recorder();
-        k.attention_rows(&mut rec, &args).unwrap();
-        rec.submit(None).unwrap();
-        g.read_f32(&out, 0, m * hd).unwrap()
-    };
-    let (a, b) = (attend(&shipped), attend(&late));
+    let cross = CrossCase::new(g, r, m, tk, heads);
+    let (a, b) = (cross.run(g, &shipped, 0..m, true), cross.run(g, &late, 0..m, true));
     for (i, (x0, x1)) in a.iter().zip(&b).enumerate() {
         assert_eq!(x0.to_bits(), x1.to_bits(), "{what}: attention element {i} is {x1} late, {x0} shipped");
     }
-    let col = |c: usize| -> Vec<f32> { (0..tk).flat_map(|j| kv[j * 2 * hd + c * hd..j * 2 * hd + (c + 1) * hd].to_vec()).collect() };
-    let want = ops::attention(&q, &col(0), &col(1), m, tk, heads, 64, None);
-    let e = rel_err(&b, &want);
+    let e = rel_err(&b, &cross.reference());
     assert!(e < 1e-5, "{what}: attention rel err {e}");
 }
 
