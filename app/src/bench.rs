@@ -902,11 +902,12 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
                 "one position per pass".to_string()
             } else {
                 format!(
-                    "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft)",
+                    "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft); passes by positions: {}",
                     sp.acceptance() * 100.0,
                     sp.tokens_per_pass(),
                     sp.passes,
-                    sp.alone
+                    sp.alone,
+                    sp.describe_positions()
                 )
             }
         ));

@@ -155,6 +155,10 @@ pub struct SpecStats {
     pub accepted: usize,
     /// Positions decoded one at a time while drafting because no draft was proposed.
     pub alone: usize,
+    /// Verify passes by their positions (the draft and the token before it; the last entry
+    /// counts 16 and more): a pass's cost steps with its rows (bench/RESULTS.md, 2026-12-05
+    /// ninth session), so the bench prices a replay from these.
+    pub by_positions: [usize; 17],
 }
 
 impl SpecStats {
@@ -163,6 +167,22 @@ impl SpecStats {
         self.drafted += o.drafted;
         self.accepted += o.accepted;
         self.alone += o.alone;
+        for (a, b) in self.by_positions.iter_mut().zip(&o.by_positions) {
+            *a += b;
+        }
+    }
+
+    /// by_positions as "positions x passes" for the lengths that occurred.
+    pub fn describe_positions(&self) -> String {
+        let last = self.by_positions.len() - 1;
+        let parts: Vec<String> = self
+            .by_positions
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(n, c)| format!("{n}{} x {c}", if n == last { "+" } else { "" }))
+            .collect();
+        parts.join(", ")
     }
 
     /// Kept draft tokens per drafted one (0 without drafts).
@@ -609,6 +629,7 @@ pub fn decode_window_of(
             return Err(Error::Invalid(format!("a verify pass of {} positions returned {}", fed.len(), out.len())));
         }
         spec.passes += 1;
+        spec.by_positions[fed.len().min(spec.by_positions.len() - 1)] += 1;
         spec.drafted += draft.len();
         pass_drafted = draft.len();
         pass_accepted = 0;
@@ -1159,6 +1180,12 @@ mod tests {
                     // position, or a kept draft) or a position decoded alone.
                     assert_eq!(r.steps, 1 + r.spec.passes + r.spec.accepted + r.spec.alone, "{what}: {:?}", r.spec);
                     assert!(r.spec.accepted <= r.spec.drafted);
+                    // Every pass counted once by its positions: the token before the draft
+                    // and the draft (passes here are at most 8 positions).
+                    let by = &r.spec.by_positions;
+                    assert_eq!(by.iter().sum::<usize>(), r.spec.passes, "{what}: {:?}", r.spec);
+                    assert_eq!(by.iter().enumerate().map(|(n, c)| n * c).sum::<usize>(), r.spec.passes + r.spec.drafted, "{what}: {:?}", r.spec);
+                    assert!(by[..2].iter().all(|&c| c == 0) && by[verify_max + 1..].iter().all(|&c| c == 0), "{what}: {:?}", r.spec);
                     if name == "exact" {
                         // The whole window in a few passes, nothing rolled back (only a draft
                         // past the hint's end, met by eot, goes unused).
