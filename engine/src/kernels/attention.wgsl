@@ -1007,8 +1007,10 @@ fn main_split_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     let ks = split_keys64(j_lo, j_hi, sk, h, lid);
     let g = lid / 64u;
     let n = select(0u, j_hi - j_lo, j_hi > j_lo);
-    // (`attention_split_rows_late_source` in kernels/mod.rs moves the next line after the
-    // softmax: ~64 fewer registers held through the scores, the same bits.)
+    // The values are loaded with the keys on purpose: loaded after the softmax instead, the
+    // kernel takes 96 registers, not 166, and two workgroups an SM, yet on an H100 it ran
+    // slower at every pass length (tiny.en 57 -> 69 µs up to 12 rows, 81 -> 105 at 13-16;
+    // RESULTS.md 2026-12-06): the load's round trip after the softmax costs more than the wave.
     let vs = split_vals64(j_lo, n, h, lid);
     // Row lid / 64's dimension lid % 64 (a zero query past tq).
     let qr = lid / 64u;

@@ -125,8 +125,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let xb = p.x_off + row * p.x_stride;
 
     // fc2's words of this thread's first two output pairs depend on nothing: issued first.
-    // (`ffn_decode_late_source` in kernels/mod.rs moves these three statements after the
-    // hidden values: 32 fewer registers held through fc1, the same bits.)
+    // (Verify passes take `ffn_decode_late_source` in kernels/mod.rs, which moves these three
+    // statements after the hidden values: 64 registers, not 109, so three workgroups an SM
+    // instead of two, the same bits. A step's one row fits one wave either way, and keeps
+    // them here, where their latency overlaps fc1.)
     let v2a = fc2_words(h0, nh, min(lid, dw - 1u), dw);
     var v2b = v2a;
     if (dw > WG) {

@@ -857,9 +857,11 @@ pub struct Kernels {
     /// The decoder's feed-forward block (ffn_decode.wgsl): the chunks' partials, their sum.
     ffn_decode: Arc<Kernel>,
     /// The chunk kernel a verify pass takes where it differs from a step's (None: the same):
-    /// `VERBATIM_FFN_LATE=pass` gives passes [`ffn_decode_late_source`]'s, whose registers
-    /// let more of a pass's workgroups share an SM, and keeps steps on `main` (not yet timed
-    /// on a GPU; `VERBATIM_FFN_LATE=1` gives it to steps too).
+    /// [`ffn_decode_late_source`]'s, whose registers let three of a pass's workgroups share
+    /// an SM instead of two (a 16-row pass of tiny.en 102 -> 86 µs, small 709 -> 599;
+    /// RESULTS.md 2026-12-06), while steps keep `main` (one row fits one wave either way,
+    /// and the later load costs it ~0.2 µs). `VERBATIM_FFN_LATE=0`: passes on `main` too;
+    /// `=1`: steps on the late kernel too (to compare on a device).
     ffn_decode_pass: Option<Arc<Kernel>>,
     ffn_sum: Arc<Kernel>,
     /// The sum that also writes the final LayerNorm of its rows (`main_sum_norm`; None where
@@ -932,7 +934,9 @@ pub struct Kernels {
 /// session): two 256-thread workgroups an SM, so a verify pass of 16 rows (1536 workgroups
 /// on tiny.en) runs in six waves on 132 SMs, and passes grow by steps where a wave is added.
 /// Fewer registers trade a load's round trip after the hidden values for more workgroups an
-/// SM: whether that pays is the GPU's to say (`VERBATIM_FFN_LATE=1|pass`; not yet timed).
+/// SM. Timed on an H100 (RESULTS.md 2026-12-06): 64 registers, three workgroups an SM; a
+/// pass of 4 to 16 rows 2-16 µs faster on tiny.en (4 layers), one of 1-2 rows ~0.8 µs
+/// slower: verify passes take it, decode steps keep `main`.
 pub fn ffn_decode_late_source() -> Result<String> {
     const FC2_FIRST: &str = "    let v2a = fc2_words(h0, nh, min(lid, dw - 1u), dw);
     var v2b = v2a;
@@ -948,26 +952,6 @@ pub fn ffn_decode_late_source() -> Result<String> {
     rewrite_source("ffn_decode_late_source", FFN_DECODE_SOURCE, &[(FC2_FIRST, ""), (HIDDEN_DONE, &late)])
 }
 
-/// attention.wgsl with `main_split_rows` loading the values after the softmax rather than
-/// with the keys: the same loads and arithmetic, so the same bits, with ~64 fewer registers
-/// a thread held through the scores. main_split takes 155 (RESULTS.md 2026-12-04, third
-/// session): one 256-thread workgroup an SM, so a pass of 13-16 rows (four row groups: 144
-/// workgroups on tiny.en) needs a second wave on 132 SMs. `VERBATIM_ATTENTION_ROWS=late`
-/// (not yet timed on a GPU).
-pub fn attention_split_rows_late_source() -> Result<String> {
-    const VALUES: &str = "    let vs = split_vals64(j_lo, n, h, lid);
-    // Row lid / 64's dimension lid % 64 (a zero query past tq).
-";
-    const SOFTMAX_DONE: &str = "    let total = reduce4(e, lid, false);
-";
-    let late = format!("{SOFTMAX_DONE}    let vs = split_vals64(j_lo, n, h, lid);\n");
-    rewrite_source(
-        "attention_split_rows_late_source",
-        ATTENTION_SOURCE,
-        &[(VALUES, "    // Row lid / 64's dimension lid % 64 (a zero query past tq).\n"), (SOFTMAX_DONE, &late)],
-    )
-}
-
 /// The feed-forward chunk kernel: ffn_decode.wgsl's `main`, or with `late` the same from
 /// [`ffn_decode_late_source`].
 fn ffn_decode_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
@@ -978,20 +962,11 @@ fn ffn_decode_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
     }
 }
 
-/// The cross-attention's rows kernel: attention.wgsl's `main_split_rows`, or with `late` the
-/// same from [`attention_split_rows_late_source`].
-fn attention_split_rows_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
-    use Access::{Read as R, ReadWrite as W};
-    match late {
-        true => gpu.kernel_entry("attention_split_rows_late", &attention_split_rows_late_source()?, "main_split_rows", &[R, R, R, W]),
-        false => gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W]),
-    }
-}
-
 impl Kernels {
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
         let tile = GemmTile::NARROW;
+        let ffn_late = std::env::var("VERBATIM_FFN_LATE");
         // The planes GEMMs over 32-row tiles (32 x 64, and 32 x 128 for wide GEMMs).
         let planes_narrow = gpu.info.coop_matrix
             && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
@@ -1105,10 +1080,10 @@ impl Kernels {
                     gpu.kernel_entry("gemv_m1_f16_merge", &gemv_m1_source(GemvM1Variant::Merge)?, "main_m1", &rw)?,
                 ]
             },
-            ffn_decode: ffn_decode_kernel(gpu, std::env::var("VERBATIM_FFN_LATE").is_ok_and(|v| v == "1"))?,
-            ffn_decode_pass: match std::env::var("VERBATIM_FFN_LATE").is_ok_and(|v| v == "pass") {
-                true => Some(ffn_decode_kernel(gpu, true)?),
-                false => None,
+            ffn_decode: ffn_decode_kernel(gpu, ffn_late.as_deref() == Ok("1"))?,
+            ffn_decode_pass: match ffn_late.as_deref() {
+                Ok("0" | "1") => None,
+                _ => Some(ffn_decode_kernel(gpu, true)?),
             },
             ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
             ffn_sum_norm: match gpu.device.limits().max_storage_buffers_per_shader_stage >= 12
@@ -1130,10 +1105,9 @@ impl Kernels {
             force_tiled_attention: std::env::var("VERBATIM_ATTENTION_TILED").is_ok_and(|v| !v.is_empty() && v != "0"),
             blocked_partials: None,
             attention_split: gpu.kernel_entry("attention_split", ATTENTION_SOURCE, "main_split", &[R, R, R, W])?,
-            attention_split_rows: match std::env::var("VERBATIM_ATTENTION_ROWS").as_deref() {
-                Ok("0") => None,
-                Ok(v) => Some(attention_split_rows_kernel(gpu, v == "late")?),
-                Err(_) => Some(attention_split_rows_kernel(gpu, false)?),
+            attention_split_rows: match std::env::var("VERBATIM_ATTENTION_ROWS").is_ok_and(|v| v == "0") {
+                true => None,
+                false => Some(gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W])?),
             },
             attention_merge: gpu.kernel_entry("attention_merge", ATTENTION_SOURCE, "main_merge", &[R, R, R, W])?,
             attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
@@ -1332,7 +1306,8 @@ impl Kernels {
     /// last layer; see [`Kernels::final_norm_fused`]) the sum also writes LayerNorm(x[r]) with
     /// its gamma and beta to row r of its buffer, as [`Kernels::layer_norm`] would. `pass`: a
     /// verify pass's rows (one too, so that a dispatch slot keeps one kernel), which take the
-    /// pass's chunk kernel where one is set (`VERBATIM_FFN_LATE=pass`).
+    /// pass's chunk kernel ([`ffn_decode_late_source`]'s unless `VERBATIM_FFN_LATE` says
+    /// otherwise).
     #[allow(clippy::too_many_arguments)]
     pub fn ffn_decode(
         &self,
