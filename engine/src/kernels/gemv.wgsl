@@ -376,7 +376,9 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
             b = fma(vec2<f32>(xv_m1(row, k + 7u)), unpack2x16float(r7), b);
             k += 8u;
         }
-        // Sixteen words per round while they last (long slices: fc2, the logits).
+        // Sixteen words per round while they last (long slices: fc2, the logits). (A verify
+        // pass's LayerNorm variant, `gemv_m1_ln_source` in kernels/mod.rs, drops these rounds
+        // and the loads ahead: 59 registers instead of 105, the same bits.)
         for (; k + 16u <= k1; k += 16u) {
             let u0 = w[(k + 0u) * nw + cw];
             let u1 = w[(k + 1u) * nw + cw];
@@ -468,5 +470,280 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
         let s = red[li.x];
         finish_pre(s.x, yb + 2u * cw, eb.x, ey.x);
         finish_pre(s.y, yb + 2u * cw + 1u, eb.y, ey.y);
+    }
+}
+
+// A verify pass's rows, RB to a workgroup (workgroup z is the group of rows): each weight
+// word is loaded once for the group, where main_m1 loads it once a row (the later rows from
+// L2). Every row is summed exactly as main_m1 sums it alone, so a pass reproduces single
+// steps bit for bit: the same K slices; within a slice the products alternate between two
+// accumulators while whole blocks of four remain and the rest go to the first (main_m1's
+// rounds of 16, 8 and 4 and its tail), each in ascending k; the same tree over the slices;
+// the LayerNorm statistics by the same per-thread sums and workgroup trees, a row a lane
+// of vec4 (componentwise, so each lane's bits are the scalar tree's). Without the merge
+// (flag 32): the split attention's partials stay main_m1's.
+// Off by default (`VERBATIM_GEMV_PASS_ROWS`, kernels/mod.rs): equal to main_m1 bit for bit
+// on lavapipe, but on the H200 a pass through it differed from single steps in the last
+// bits (bench/RESULTS.md 2026-12-06): some expression here compiles otherwise than there.
+const RB: u32 = 4u;
+var<workgroup> rs4: array<vec4<f32>, WG>;
+
+// wg_sum over four rows at once, a row a lane (the same tree).
+fn wg_sum4(v: vec4<f32>, lid: u32) -> vec4<f32> {
+    rs4[lid] = v;
+    workgroupBarrier();
+    var st = WG / 2u;
+    for (; st >= 2u; st = st / 4u) {
+        let q = st / 2u;
+        if (lid < q) {
+            rs4[lid] = (rs4[lid] + rs4[lid + st]) + (rs4[lid + q] + rs4[lid + st + q]);
+        }
+        workgroupBarrier();
+    }
+    if (st == 1u) {
+        if (lid == 0u) {
+            rs4[0] += rs4[1];
+        }
+        workgroupBarrier();
+    }
+    let t = rs4[0];
+    workgroupBarrier();
+    return t;
+}
+
+// Element c of each of the four rows starting at xb (clamped to the row's last element).
+fn x4(xb: vec4<u32>, c: u32) -> vec4<f32> {
+    let l = p.k - 1u;
+    return vec4<f32>(x[xb.x + min(c, l)], x[xb.y + min(c, l)], x[xb.z + min(c, l)], x[xb.w + min(c, l)]);
+}
+
+// ln_stats for the four rows starting at xb into stat slots 0..3 (a barrier follows).
+fn ln_stats4(xb: vec4<u32>, lid: u32) {
+    let kf = f32(p.k);
+    let v0 = x4(xb, lid);
+    let v1 = x4(xb, lid + WG);
+    let v2 = x4(xb, lid + 2u * WG);
+    let v3 = x4(xb, lid + 3u * WG);
+    let in0 = lid < p.k;
+    let in1 = lid + WG < p.k;
+    let in2 = lid + 2u * WG < p.k;
+    let in3 = lid + 3u * WG < p.k;
+    var s = vec4<f32>(0.0);
+    if (in0) {
+        s += v0;
+    }
+    if (in1) {
+        s += v1;
+    }
+    if (in2) {
+        s += v2;
+    }
+    if (in3) {
+        s += v3;
+    }
+    for (var c = lid + 4u * WG; c < p.k; c += 4u * WG) {
+        let u0 = x4(xb, c);
+        let u1 = x4(xb, c + WG);
+        let u2 = x4(xb, c + 2u * WG);
+        let u3 = x4(xb, c + 3u * WG);
+        s += u0;
+        if (c + WG < p.k) {
+            s += u1;
+        }
+        if (c + 2u * WG < p.k) {
+            s += u2;
+        }
+        if (c + 3u * WG < p.k) {
+            s += u3;
+        }
+    }
+    let mean = wg_sum4(s, lid) / kf;
+    var q = vec4<f32>(0.0);
+    if (in0) {
+        let d = v0 - mean;
+        q += d * d;
+    }
+    if (in1) {
+        let d = v1 - mean;
+        q += d * d;
+    }
+    if (in2) {
+        let d = v2 - mean;
+        q += d * d;
+    }
+    if (in3) {
+        let d = v3 - mean;
+        q += d * d;
+    }
+    for (var c = lid + 4u * WG; c < p.k; c += WG) {
+        let d = x4(xb, c) - mean;
+        q += d * d;
+    }
+    let inv = inverseSqrt(wg_sum4(q, lid) / kf + p.eps);
+    if (lid == 0u) {
+        stat[0] = mean.x;
+        stat[1] = mean.y;
+        stat[2] = mean.z;
+        stat[3] = mean.w;
+        stat[MAXM] = inv.x;
+        stat[MAXM + 1u] = inv.y;
+        stat[MAXM + 2u] = inv.z;
+        stat[MAXM + 3u] = inv.w;
+    }
+}
+
+// X'[row slot][k] for main_rows: normalised with slot's statistics under flag 16.
+fn xr(xb: u32, slot: u32, k: u32, g: f32, e: f32) -> f32 {
+    let v = x[xb + k];
+    if (ln_on()) {
+        return ln_with(v, slot, g, e);
+    }
+    return v;
+}
+
+// Four products of one row, alternating (a, b, a, b): its accumulators as (a, b) in .xy, .zw.
+fn four(acc: vec4<f32>, xb: u32, slot: u32, k: u32, w0: vec2<f32>, w1: vec2<f32>, w2: vec2<f32>, w3: vec2<f32>, g: vec4<f32>, e: vec4<f32>) -> vec4<f32> {
+    var a = acc.xy;
+    var b = acc.zw;
+    a = fma(vec2<f32>(xr(xb, slot, k, g.x, e.x)), w0, a);
+    b = fma(vec2<f32>(xr(xb, slot, k + 1u, g.y, e.y)), w1, b);
+    a = fma(vec2<f32>(xr(xb, slot, k + 2u, g.z, e.z)), w2, a);
+    b = fma(vec2<f32>(xr(xb, slot, k + 3u, g.w, e.w)), w3, b);
+    return vec4<f32>(a, b);
+}
+
+// gamma and beta at k..k+3 (0 without the norm: unused then).
+fn g4(k: u32) -> vec4<f32> {
+    if (ln_on()) {
+        return vec4<f32>(gamma[k], gamma[k + 1u], gamma[k + 2u], gamma[k + 3u]);
+    }
+    return vec4<f32>(0.0);
+}
+
+fn e4(k: u32) -> vec4<f32> {
+    if (ln_on()) {
+        return vec4<f32>(beta[k], beta[k + 1u], beta[k + 2u], beta[k + 3u]);
+    }
+    return vec4<f32>(0.0);
+}
+
+@compute @workgroup_size(8, 32)
+fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {
+    let nw = p.n / 2u;
+    let cw = (wg.x + wg.y * 32768u) * CP + li.x;
+    let kg = li.y;
+    let lid = kg * CP + li.x;
+    let r0 = wg.z * RB;
+    let nr = min(RB, p.m - r0);
+    // Rows past the last repeat it (computed, never written).
+    let last = p.m - 1u;
+    let xb = vec4<u32>(
+        p.x_off + min(r0, last) * p.x_stride,
+        p.x_off + min(r0 + 1u, last) * p.x_stride,
+        p.x_off + min(r0 + 2u, last) * p.x_stride,
+        p.x_off + min(r0 + 3u, last) * p.x_stride,
+    );
+    let kc = (p.k + KG - 1u) / KG;
+    let k0 = kg * kc;
+    let k1 = min(p.k, k0 + kc);
+    let len = select(0u, k1 - k0, k1 > k0);
+    let kb = k0 + len / 4u * 4u; // the alternating blocks end here
+    if (ln_on()) {
+        ln_stats4(xb, lid);
+        workgroupBarrier();
+    }
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    if (cw < nw) {
+        var k = k0;
+        for (; k + 8u <= kb; k += 8u) {
+            let w0 = unpack2x16float(w[k * nw + cw]);
+            let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
+            let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
+            let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
+            let w4 = unpack2x16float(w[(k + 4u) * nw + cw]);
+            let w5 = unpack2x16float(w[(k + 5u) * nw + cw]);
+            let w6 = unpack2x16float(w[(k + 6u) * nw + cw]);
+            let w7 = unpack2x16float(w[(k + 7u) * nw + cw]);
+            let ga = g4(k);
+            let gb = g4(k + 4u);
+            let ea = e4(k);
+            let eb = e4(k + 4u);
+            c0 = four(four(c0, xb.x, 0u, k, w0, w1, w2, w3, ga, ea), xb.x, 0u, k + 4u, w4, w5, w6, w7, gb, eb);
+            c1 = four(four(c1, xb.y, 1u, k, w0, w1, w2, w3, ga, ea), xb.y, 1u, k + 4u, w4, w5, w6, w7, gb, eb);
+            c2 = four(four(c2, xb.z, 2u, k, w0, w1, w2, w3, ga, ea), xb.z, 2u, k + 4u, w4, w5, w6, w7, gb, eb);
+            c3 = four(four(c3, xb.w, 3u, k, w0, w1, w2, w3, ga, ea), xb.w, 3u, k + 4u, w4, w5, w6, w7, gb, eb);
+        }
+        if (k + 4u <= kb) {
+            let w0 = unpack2x16float(w[k * nw + cw]);
+            let w1 = unpack2x16float(w[(k + 1u) * nw + cw]);
+            let w2 = unpack2x16float(w[(k + 2u) * nw + cw]);
+            let w3 = unpack2x16float(w[(k + 3u) * nw + cw]);
+            let ga = g4(k);
+            let ea = e4(k);
+            c0 = four(c0, xb.x, 0u, k, w0, w1, w2, w3, ga, ea);
+            c1 = four(c1, xb.y, 1u, k, w0, w1, w2, w3, ga, ea);
+            c2 = four(c2, xb.z, 2u, k, w0, w1, w2, w3, ga, ea);
+            c3 = four(c3, xb.w, 3u, k, w0, w1, w2, w3, ga, ea);
+            k += 4u;
+        }
+        // The tail into the first accumulator, as main_m1's.
+        for (; k < k1; k++) {
+            let wv = unpack2x16float(w[k * nw + cw]);
+            var g = 0.0;
+            var e = 0.0;
+            if (ln_on()) {
+                g = gamma[k];
+                e = beta[k];
+            }
+            c0 = vec4<f32>(fma(vec2<f32>(xr(xb.x, 0u, k, g, e)), wv, c0.xy), c0.zw);
+            c1 = vec4<f32>(fma(vec2<f32>(xr(xb.y, 1u, k, g, e)), wv, c1.xy), c1.zw);
+            c2 = vec4<f32>(fma(vec2<f32>(xr(xb.z, 2u, k, g, e)), wv, c2.xy), c2.zw);
+            c3 = vec4<f32>(fma(vec2<f32>(xr(xb.w, 3u, k, g, e)), wv, c3.xy), c3.zw);
+        }
+    }
+    // The K slices' tree for each row ([KG][RB][CP] in red), as main_m1's.
+    red[(kg * RB) * CP + li.x] = c0.xy + c0.zw;
+    red[(kg * RB + 1u) * CP + li.x] = c1.xy + c1.zw;
+    red[(kg * RB + 2u) * CP + li.x] = c2.xy + c2.zw;
+    red[(kg * RB + 3u) * CP + li.x] = c3.xy + c3.zw;
+    workgroupBarrier();
+    var st = KG / 2u;
+    for (; st >= 2u; st = st / 4u) {
+        let q = st / 2u;
+        if (kg < q) {
+            for (var r = 0u; r < RB; r++) {
+                let s = (kg * RB + r) * CP + li.x;
+                let t = RB * CP;
+                red[s] = (red[s] + red[s + st * t]) + (red[s + q * t] + red[s + (st + q) * t]);
+            }
+        }
+        workgroupBarrier();
+    }
+    if (st == 1u) {
+        if (kg == 0u) {
+            for (var r = 0u; r < RB; r++) {
+                red[r * CP + li.x] += red[(RB + r) * CP + li.x];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (kg == 0u && cw < nw) {
+        var eb = vec2<f32>(0.0, 0.0);
+        if ((p.flags & 1u) != 0u) {
+            eb = vec2<f32>(bias[2u * cw], bias[2u * cw + 1u]);
+        }
+        for (var r = 0u; r < nr; r++) {
+            let yb = p.y_off + (r0 + r) * p.y_stride + 2u * cw;
+            var ey = vec2<f32>(0.0, 0.0);
+            if ((p.flags & 4u) != 0u) {
+                ey = vec2<f32>(y[yb], y[yb + 1u]);
+            }
+            let s = red[r * CP + li.x];
+            finish_pre(s.x, yb, eb.x, ey.x);
+            finish_pre(s.y, yb + 1u, eb.y, ey.y);
+        }
     }
 }

@@ -289,6 +289,52 @@ pub fn gemv_m1_source(v: GemvM1Variant) -> Result<String> {
     )
 }
 
+/// Which main_m1 with the LayerNorm folded in a verify pass takes
+/// (`VERBATIM_GEMV_LN_PASS=main|late`, default late; decode steps keep `main` either way).
+/// `main` (gemv_m1_f16_ln) takes 105 registers on NVIDIA's compiler: two 256-thread
+/// workgroups an SM, so a pass of 16 rows (1152 workgroups on tiny.en's Q|K|V) runs in five
+/// waves on 132 SMs. The registers are its rounds of sixteen weight words, each with its x,
+/// gamma and beta in flight (64 loads): issuing less ahead of the row's statistics left
+/// them at 105-109, rounds of eight words instead of sixteen took 91 (RESULTS.md
+/// 2026-12-06, eleventh session). `late` does both: rounds of eight and nothing issued
+/// before the statistics, 59 registers, four workgroups an SM. The same words are loaded
+/// and the same products summed in the same order, so every row keeps the step's bits.
+/// Timed on an H100: 1-3 µs less a tiny.en pass of 4 to 16 rows (of 80-124 µs in this
+/// kernel), 2-71 µs less on small's, the same at 1-2 rows; so the waves were not what
+/// this kernel's pass cost grows by (the weights are read again for every row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvLnPass {
+    Main,
+    Late,
+}
+
+impl GemvLnPass {
+    fn from_env() -> Result<GemvLnPass> {
+        match std::env::var("VERBATIM_GEMV_LN_PASS").as_deref() {
+            Err(_) | Ok("") | Ok("late") => Ok(GemvLnPass::Late),
+            Ok("main") => Ok(GemvLnPass::Main),
+            Ok(v) => Err(Error::Invalid(format!("VERBATIM_GEMV_LN_PASS={v}: main or late"))),
+        }
+    }
+}
+
+/// main_m1 with the LayerNorm folded in, as [`GemvLnPass`] `v` issues its loads.
+pub fn gemv_m1_ln_source(v: GemvLnPass) -> Result<String> {
+    let src = gemv_m1_source(GemvM1Variant::LayerNorm)?;
+    match v {
+        GemvLnPass::Main => Ok(src),
+        GemvLnPass::Late => rewrite_source(
+            "gemv_m1_ln_source",
+            &src,
+            &[
+                ("for (; k + 16u <= k1; k += 16u) {", "for (; false; k += 16u) {"),
+                ("const LN_AHEAD: bool = true;", "const LN_AHEAD: bool = false;"),
+                ("let pre = cw < nw && k0 + 8u <= k1;", "let pre = false;"),
+            ],
+        ),
+    }
+}
+
 /// GEMMs of at least this many columns (a multiple of 128) take [`GemmTile::WIDE`]
 /// (`VERBATIM_GEMM_WIDE_TILE_MIN_N`, to compare on a device). H200, µs a GEMM against 32 x
 /// 64: small.en's cross K|V (N = 18432) 725 -> 638, its Q|K|V (2304) 110 -> 101, fc1 (3072)
@@ -842,6 +888,13 @@ pub struct Kernels {
     /// all three the generic kernel (both switches read from the flags) with
     /// `VERBATIM_GEMV_M1_GENERIC=1`.
     gemv_m1: [Arc<Kernel>; 3],
+    /// The LayerNorm variant a verify pass takes where it differs from a step's (None: the
+    /// same; see [`GemvLnPass`]).
+    gemv_m1_ln_pass: Option<Arc<Kernel>>,
+    /// gemv.wgsl's `main_rows` without and with the LayerNorm (indexed as [`GemvM1Variant`]
+    /// Plain, LayerNorm) where `VERBATIM_GEMV_PASS_ROWS` asks for them (off by default; see
+    /// [`gemv_pass_rows_kernels`]).
+    gemv_pass_rows: [Option<Arc<Kernel>>; 2],
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     /// The logits GEMV without and with its LayerNorm folded in (`gemv_rows_source`): one
@@ -951,6 +1004,50 @@ pub fn ffn_decode_late_source() -> Result<String> {
     let late = HIDDEN_DONE.replace("    workgroupBarrier();\n", &format!("{FC2_FIRST}    workgroupBarrier();\n"));
     rewrite_source("ffn_decode_late_source", FFN_DECODE_SOURCE, &[(FC2_FIRST, ""), (HIDDEN_DONE, &late)])
 }
+
+/// main_m1 with the LayerNorm folded in, loading as `v` says.
+fn gemv_m1_ln_pass_kernel(gpu: &Gpu, v: GemvLnPass) -> Result<Arc<Kernel>> {
+    use Access::{Read as R, ReadWrite as W};
+    let name = match v {
+        GemvLnPass::Main => "gemv_m1_f16_ln",
+        GemvLnPass::Late => "gemv_m1_f16_ln_late",
+    };
+    gpu.kernel_entry(name, &gemv_m1_ln_source(v)?, "main_m1", &[R, R, R, R, R, W])
+}
+
+/// gemv.wgsl's `main_rows` (a verify pass's rows, [`GEMV_PASS_ROWS`] to a workgroup, each
+/// weight word loaded once for them) without and with the LayerNorm folded in, as
+/// `VERBATIM_GEMV_PASS_ROWS` asks: `1` both, `plain` only the GEMVs without the norm,
+/// `scalar` both with the norm's statistics by `ln_stats` a row (main_m1's own function)
+/// instead of four rows' trees at once; unset or `0` neither (main_m1 a row). Not on by
+/// default: on lavapipe every row equals main_m1's alone bit for bit (the tests), but on
+/// the H200 the bench's guard found a pass of 2 positions differing from single steps in
+/// the last bits of a few scores (RESULTS.md 2026-12-06, eleventh session), so NVIDIA's
+/// compiler evaluates something in it otherwise than in main_m1; the switches are there to
+/// find what on a device.
+fn gemv_pass_rows_kernels(gpu: &Gpu, which: &str) -> Result<[Option<Arc<Kernel>>; 2]> {
+    use Access::{Read as R, ReadWrite as W};
+    let rw = [R, R, R, R, R, W];
+    let plain = || gpu.kernel_entry("gemv_pass_rows_f16_plain", &gemv_m1_source(GemvM1Variant::Plain)?, "main_rows", &rw);
+    let ln = || gpu.kernel_entry("gemv_pass_rows_f16_ln", &gemv_m1_source(GemvM1Variant::LayerNorm)?, "main_rows", &rw);
+    Ok(match which {
+        "" | "0" => [None, None],
+        "1" => [Some(plain()?), Some(ln()?)],
+        "plain" => [Some(plain()?), None],
+        "scalar" => {
+            let src = rewrite_source(
+                "gemv_pass_rows scalar",
+                &gemv_m1_source(GemvM1Variant::LayerNorm)?,
+                &[("ln_stats4(xb, lid);", "ln_stats(xb.x, 0u, lid);\n        ln_stats(xb.y, 1u, lid);\n        ln_stats(xb.z, 2u, lid);\n        ln_stats(xb.w, 3u, lid);")],
+            )?;
+            [Some(plain()?), Some(gpu.kernel_entry("gemv_pass_rows_f16_ln_scalar", &src, "main_rows", &rw)?)]
+        }
+        v => return Err(Error::Invalid(format!("VERBATIM_GEMV_PASS_ROWS={v}: 0, 1, plain or scalar"))),
+    })
+}
+
+/// Rows a workgroup of gemv.wgsl's `main_rows` (its `RB`).
+const GEMV_PASS_ROWS: u32 = 4;
 
 /// The feed-forward chunk kernel: ffn_decode.wgsl's `main`, or with `late` the same from
 /// [`ffn_decode_late_source`].
@@ -1080,6 +1177,11 @@ impl Kernels {
                     gpu.kernel_entry("gemv_m1_f16_merge", &gemv_m1_source(GemvM1Variant::Merge)?, "main_m1", &rw)?,
                 ]
             },
+            gemv_m1_ln_pass: match GemvLnPass::from_env()? {
+                GemvLnPass::Main => None,
+                v => Some(gemv_m1_ln_pass_kernel(gpu, v)?),
+            },
+            gemv_pass_rows: gemv_pass_rows_kernels(gpu, std::env::var("VERBATIM_GEMV_PASS_ROWS").as_deref().unwrap_or(""))?,
             ffn_decode: ffn_decode_kernel(gpu, ffn_late.as_deref() == Ok("1"))?,
             ffn_decode_pass: match ffn_late.as_deref() {
                 Ok("0" | "1") => None,
@@ -1262,17 +1364,23 @@ impl Kernels {
         let (gamma, beta) = norm.map_or((&self.zero, &self.zero), |n| (n.gamma, n.beta));
         // Per row: the M = 1 kernel with one grid layer per row, each row computed exactly as
         // a lone row (what a verify pass needs); else the shared kernel for several rows.
+        let wide = w.bytes() >= self.gemv_wide_min_bytes && w.n.is_multiple_of(8);
         let (kernel, cp, layers) = if m > 1 && !per_row {
             (&self.gemv, GEMV_COLUMN_PAIRS, 1)
-        } else if w.bytes() >= self.gemv_wide_min_bytes && w.n.is_multiple_of(8) {
+        } else if wide {
             (&self.gemv_stream, GEMV_STREAM_COLUMN_PAIRS, m)
+        } else if let (true, Some(rows)) = (per_row, &self.gemv_pass_rows[norm.is_some() as usize]) {
+            (rows, GEMV_COLUMN_PAIRS, m.div_ceil(GEMV_PASS_ROWS))
+        } else if let (Some(_), true, Some(pass_ln)) = (norm, per_row, &self.gemv_m1_ln_pass) {
+            (pass_ln, GEMV_COLUMN_PAIRS, m)
         } else {
             let v = if norm.is_some() { GemvM1Variant::LayerNorm } else { GemvM1Variant::Plain };
             (self.m1_kernel(v), GEMV_COLUMN_PAIRS, m)
         };
         if per_row {
-            // Later rows re-read W, mostly from L2: booked at an eighth of its size.
-            cost.bytes += (m as u64 - 1) * w.bytes() / 8;
+            // Later rows (or groups of rows) re-read W, mostly from L2: booked at an eighth
+            // of its size.
+            cost.bytes += (layers as u64 - 1) * w.bytes() / 8;
         }
         let g = grid_1d((w.n / 2).div_ceil(cp));
         rec.dispatch(kernel, bytemuck::bytes_of(&params), &[x.buf, &w.buf, b, gamma, beta, y.buf], [g[0], g[1], layers], cost)

@@ -219,8 +219,14 @@ enum TestWeights {
 /// block's padding) must not read past K.
 #[allow(clippy::too_many_arguments)]
 fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: usize, with_norm: bool, gelu: bool, accumulate: bool) {
+    let kern = Kernels::load(gpu()).unwrap();
+    run_rows_equal_lone_on(&kern, r, wt, m, n, k, with_norm, gelu, accumulate);
+}
+
+/// [`run_rows_equal_lone`] with the kernels given (a verify pass's variants set in them).
+#[allow(clippy::too_many_arguments)]
+fn run_rows_equal_lone_on(kern: &Kernels, r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: usize, with_norm: bool, gelu: bool, accumulate: bool) {
     let g = gpu();
-    let kern = Kernels::load(g).unwrap();
     let x: Vec<f32> = rand_vec(r, m * k, 1.0).iter().map(|v| v + 2.0).collect();
     let gm = rand_vec(r, k, 1.0);
     let bt = rand_vec(r, k, 0.5);
@@ -293,6 +299,11 @@ fn run_rows_equal_lone(r: &mut StdRng, wt: TestWeights, m: usize, n: usize, k: u
 #[test]
 fn linear_per_row_equals_lone_rows_bit_for_bit() {
     let mut r = rng("linear_per_row");
+    // (A pass's rows with the norm go through main_m1's late variant, a step's through
+    // main_m1; main_rows is off by default.)
+    let kern = Kernels::load(gpu()).unwrap();
+    assert!(kern.gemv_m1_ln_pass.is_some(), "passes take the late LayerNorm GEMV by default");
+    assert!(kern.gemv_pass_rows.iter().all(|k| k.is_none()), "main_rows is off by default");
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
@@ -300,9 +311,36 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     // fc2 accumulating.
     run_rows_equal_lone(&mut r, TestWeights::F16, VERIFY_MAX_ROWS as usize, 1152, 384, true, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 6, 384, 1536, false, false, true);
+    // Slices of 19 and 41 with the norm (the late variant's rounds of eight and its tail).
+    run_rows_equal_lone(&mut r, TestWeights::F16, 3, 66, 600, true, true, true);
+    run_rows_equal_lone(&mut r, TestWeights::F16, 2, 40, 1300, true, false, false);
     // Over 8 MiB: main_m1 (N = 4098, no multiple of 8) and the streaming GEMV (4104).
     run_rows_equal_lone(&mut r, TestWeights::F16, 2, 4098, 1025, true, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 4104, 1025, true, true, true);
+}
+
+/// gemv.wgsl's `main_rows` (a pass's rows four to a workgroup; off by default, see
+/// [`gemv_pass_rows_kernels`]), its statistics four rows at once and a row at a time:
+/// every row equal bit for bit to the step's kernel on the same row alone, and to the
+/// reference within rounding (on lavapipe: the H200 differed).
+#[test]
+fn pass_rows_kernel_keeps_the_bits() {
+    let g = gpu();
+    let mut r = rng("pass_rows");
+    for which in ["1", "scalar"] {
+        let mut kern = Kernels::load(g).unwrap();
+        kern.gemv_pass_rows = gemv_pass_rows_kernels(g, which).unwrap();
+        assert!(kern.gemv_pass_rows.iter().all(|k| k.is_some()), "{which}: both kernels");
+        // tiny.en's Q|K|V with a pass's most rows (slices of 12); its output projection.
+        run_rows_equal_lone_on(&kern, &mut r, TestWeights::F16, VERIFY_MAX_ROWS as usize, 1152, 384, true, false, false);
+        run_rows_equal_lone_on(&kern, &mut r, TestWeights::F16, 6, 384, 384, false, false, true);
+        // Slices of 19 (two rounds of eight, three alone; groups of four and one), every
+        // epilogue flag; of 41 and K > 1024 (the statistics' longer loops); of 5 and 2.
+        run_rows_equal_lone_on(&kern, &mut r, TestWeights::F16, 5, 66, 600, true, true, true);
+        run_rows_equal_lone_on(&kern, &mut r, TestWeights::F16, 2, 40, 1300, true, false, false);
+        run_rows_equal_lone_on(&kern, &mut r, TestWeights::F16, 3, 130, 131, true, false, true);
+        run_rows_equal_lone_on(&kern, &mut r, TestWeights::F16, 1, 34, 45, false, true, false);
+    }
 }
 
 /// ffn_decode.wgsl against LayerNorm, fc1, GELU, fc2 and the residual on the CPU, for `m`
