@@ -310,10 +310,15 @@ pub enum GemvLnPass {
 
 impl GemvLnPass {
     fn from_env() -> Result<GemvLnPass> {
-        match std::env::var("VERBATIM_GEMV_LN_PASS").as_deref() {
-            Err(_) | Ok("") | Ok("late") => Ok(GemvLnPass::Late),
-            Ok("main") => Ok(GemvLnPass::Main),
-            Ok(v) => Err(Error::Invalid(format!("VERBATIM_GEMV_LN_PASS={v}: main or late"))),
+        GemvLnPass::parse(std::env::var("VERBATIM_GEMV_LN_PASS").as_deref().unwrap_or(""))
+    }
+
+    /// `VERBATIM_GEMV_LN_PASS`'s value (empty: the default).
+    fn parse(v: &str) -> Result<GemvLnPass> {
+        match v {
+            "" | "late" => Ok(GemvLnPass::Late),
+            "main" => Ok(GemvLnPass::Main),
+            v => Err(Error::Invalid(format!("VERBATIM_GEMV_LN_PASS={v}: main or late"))),
         }
     }
 }

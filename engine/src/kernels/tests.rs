@@ -343,6 +343,21 @@ fn pass_rows_kernel_keeps_the_bits() {
     }
 }
 
+/// The pass GEMVs' switches: a value they do not know is an error naming what they take.
+#[test]
+fn pass_gemv_switches_refuse_unknown_values() {
+    assert_eq!(GemvLnPass::parse("").unwrap(), GemvLnPass::Late);
+    assert_eq!(GemvLnPass::parse("main").unwrap(), GemvLnPass::Main);
+    let e = GemvLnPass::parse("eight").unwrap_err().to_string();
+    assert!(e.contains("VERBATIM_GEMV_LN_PASS=eight") && e.contains("main or late"), "{e}");
+    let g = gpu();
+    assert!(gemv_pass_rows_kernels(g, "").unwrap().iter().all(|k| k.is_none()));
+    let plain = gemv_pass_rows_kernels(g, "plain").unwrap();
+    assert!(plain[0].is_some() && plain[1].is_none(), "plain: only the GEMVs without the norm");
+    let e = gemv_pass_rows_kernels(g, "yes").err().expect("an unknown value refused").to_string();
+    assert!(e.contains("VERBATIM_GEMV_PASS_ROWS=yes") && e.contains("plain or scalar"), "{e}");
+}
+
 /// ffn_decode.wgsl against LayerNorm, fc1, GELU, fc2 and the residual on the CPU, for `m`
 /// rows at an offset and a stride wider than d (the words between the rows must stay as
 /// they were). Twice on fresh rows with the same scratch (the first run's partials must
