@@ -1022,14 +1022,13 @@ fn gemv_m1_ln_pass_kernel(gpu: &Gpu, v: GemvLnPass) -> Result<Arc<Kernel>> {
 
 /// gemv.wgsl's `main_rows` (a verify pass's rows, [`GEMV_PASS_ROWS`] to a workgroup, each
 /// weight word loaded once for them) without and with the LayerNorm folded in, as
-/// `VERBATIM_GEMV_PASS_ROWS` asks: `1` both, `plain` only the GEMVs without the norm,
-/// `scalar` both with the norm's statistics by `ln_stats` a row (main_m1's own function)
-/// instead of four rows' trees at once; unset or `0` neither (main_m1 a row). Not on by
-/// default: on lavapipe every row equals main_m1's alone bit for bit (the tests), but on
-/// the H200 the bench's guard found a pass of 2 positions differing from single steps in
-/// the last bits of a few scores (RESULTS.md 2026-12-06, eleventh session), so NVIDIA's
-/// compiler evaluates something in it otherwise than in main_m1; the switches are there to
-/// find what on a device.
+/// `VERBATIM_GEMV_PASS_ROWS` asks: `1` both, `plain` only the GEMVs without the norm; unset
+/// or `0` neither (main_m1 a row). Not on by default: on lavapipe every row equals
+/// main_m1's alone bit for bit (the tests), but on the H200 the bench's guard found a pass
+/// of 2 positions differing from single steps in the last bits of a few scores (RESULTS.md
+/// 2026-12-06, eleventh session), when its statistics were four rows' trees at once as
+/// vec4 lanes; they are now main_m1's own `ln_stats` a row at a time, untimed on a device.
+/// `plain` tells on a device whether the products differ or only the normed rows.
 fn gemv_pass_rows_kernels(gpu: &Gpu, which: &str) -> Result<[Option<Arc<Kernel>>; 2]> {
     use Access::{Read as R, ReadWrite as W};
     let rw = [R, R, R, R, R, W];
@@ -1039,15 +1038,7 @@ fn gemv_pass_rows_kernels(gpu: &Gpu, which: &str) -> Result<[Option<Arc<Kernel>>
         "" | "0" => [None, None],
         "1" => [Some(plain()?), Some(ln()?)],
         "plain" => [Some(plain()?), None],
-        "scalar" => {
-            let src = rewrite_source(
-                "gemv_pass_rows scalar",
-                &gemv_m1_source(GemvM1Variant::LayerNorm)?,
-                &[("ln_stats4(xb, lid);", "ln_stats(xb.x, 0u, lid);\n        ln_stats(xb.y, 1u, lid);\n        ln_stats(xb.z, 2u, lid);\n        ln_stats(xb.w, 3u, lid);")],
-            )?;
-            [Some(plain()?), Some(gpu.kernel_entry("gemv_pass_rows_f16_ln_scalar", &src, "main_rows", &rw)?)]
-        }
-        v => return Err(Error::Invalid(format!("VERBATIM_GEMV_PASS_ROWS={v}: 0, 1, plain or scalar"))),
+        v => return Err(Error::Invalid(format!("VERBATIM_GEMV_PASS_ROWS={v}: 0, 1 or plain"))),
     })
 }
 
