@@ -479,14 +479,122 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
 // steps bit for bit: the same K slices; within a slice the products alternate between two
 // accumulators while whole blocks of four remain and the rest go to the first (main_m1's
 // rounds of 16, 8 and 4 and its tail), each in ascending k; the same tree over the slices;
-// the LayerNorm statistics by main_m1's own `ln_stats`, a row at a time (four rows' trees
-// at once as vec4 lanes would be fewer barriers; not tried until the bits hold on NVIDIA,
-// below). Without the merge
-// (flag 32): the split attention's partials stay main_m1's.
-// Off by default (`VERBATIM_GEMV_PASS_ROWS`, kernels/mod.rs): equal to main_m1 bit for bit
-// on lavapipe, but on the H200 a pass through it differed from single steps in the last
-// bits (bench/RESULTS.md 2026-12-06): some expression here compiles otherwise than there.
+// the LayerNorm statistics as `ln_stats` computes them, four rows at once as vec4 lanes
+// (`ln_stats4`: the same loads, sums and trees a lane, a quarter of four calls' barriers).
+// Without the merge (flag 32): the split attention's partials stay main_m1's.
+// On NVIDIA the bits hold only because nothing is left to contract (gemv_common.wgsl's
+// note on ln_stats): before that the bench's guard caught this kernel (RESULTS.md
+// 2026-12-06). Passes take it from `VERBATIM_GEMV_PASS_ROWS` rows (kernels/mod.rs).
 const RB: u32 = 4u;
+var<workgroup> rs4: array<vec4<f32>, WG>;
+
+// wg_sum over four rows at once, a row a lane (the same tree).
+fn wg_sum4(v: vec4<f32>, lid: u32) -> vec4<f32> {
+    rs4[lid] = v;
+    workgroupBarrier();
+    var st = WG / 2u;
+    for (; st >= 2u; st = st / 4u) {
+        let q = st / 2u;
+        if (lid < q) {
+            rs4[lid] = (rs4[lid] + rs4[lid + st]) + (rs4[lid + q] + rs4[lid + st + q]);
+        }
+        workgroupBarrier();
+    }
+    if (st == 1u) {
+        if (lid == 0u) {
+            rs4[0] += rs4[1];
+        }
+        workgroupBarrier();
+    }
+    let t = rs4[0];
+    workgroupBarrier();
+    return t;
+}
+
+// Element c of each of the four rows starting at xb (clamped to the row's last element).
+fn x4(xb: vec4<u32>, c: u32) -> vec4<f32> {
+    let l = p.k - 1u;
+    return vec4<f32>(x[xb.x + min(c, l)], x[xb.y + min(c, l)], x[xb.z + min(c, l)], x[xb.w + min(c, l)]);
+}
+
+// ln_stats for the four rows starting at xb into stat slots 0..3 (a barrier follows).
+fn ln_stats4(xb: vec4<u32>, lid: u32) {
+    let kf = f32(p.k);
+    let v0 = x4(xb, lid);
+    let v1 = x4(xb, lid + WG);
+    let v2 = x4(xb, lid + 2u * WG);
+    let v3 = x4(xb, lid + 3u * WG);
+    let in0 = lid < p.k;
+    let in1 = lid + WG < p.k;
+    let in2 = lid + 2u * WG < p.k;
+    let in3 = lid + 3u * WG < p.k;
+    var s = vec4<f32>(0.0);
+    if (in0) {
+        s += v0;
+    }
+    if (in1) {
+        s += v1;
+    }
+    if (in2) {
+        s += v2;
+    }
+    if (in3) {
+        s += v3;
+    }
+    for (var c = lid + 4u * WG; c < p.k; c += 4u * WG) {
+        let u0 = x4(xb, c);
+        let u1 = x4(xb, c + WG);
+        let u2 = x4(xb, c + 2u * WG);
+        let u3 = x4(xb, c + 3u * WG);
+        s += u0;
+        if (c + WG < p.k) {
+            s += u1;
+        }
+        if (c + 2u * WG < p.k) {
+            s += u2;
+        }
+        if (c + 3u * WG < p.k) {
+            s += u3;
+        }
+    }
+    // As ln_stats: every product inside an fma or feeding only a store.
+    let rk = 1.0 / kf;
+    let t = wg_sum4(s, lid);
+    let mean = t * rk;
+    var q = vec4<f32>(0.0);
+    if (in0) {
+        let d = fma(-t, vec4<f32>(rk), v0);
+        q = fma(d, d, q);
+    }
+    if (in1) {
+        let d = fma(-t, vec4<f32>(rk), v1);
+        q = fma(d, d, q);
+    }
+    if (in2) {
+        let d = fma(-t, vec4<f32>(rk), v2);
+        q = fma(d, d, q);
+    }
+    if (in3) {
+        let d = fma(-t, vec4<f32>(rk), v3);
+        q = fma(d, d, q);
+    }
+    for (var c = lid + 4u * WG; c < p.k; c += WG) {
+        let d = fma(-t, vec4<f32>(rk), x4(xb, c));
+        q = fma(d, d, q);
+    }
+    let inv = inverseSqrt(fma(wg_sum4(q, lid), vec4<f32>(rk), vec4<f32>(p.eps)));
+    if (lid == 0u) {
+        stat[0] = mean.x;
+        stat[1] = mean.y;
+        stat[2] = mean.z;
+        stat[3] = mean.w;
+        stat[MAXM] = inv.x;
+        stat[MAXM + 1u] = inv.y;
+        stat[MAXM + 2u] = inv.z;
+        stat[MAXM + 3u] = inv.w;
+    }
+}
+
 
 // X'[row slot][k] for main_rows: normalised with slot's statistics under flag 16.
 fn xr(xb: u32, slot: u32, k: u32, g: f32, e: f32) -> f32 {
@@ -545,10 +653,7 @@ fn main_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id)
     let len = select(0u, k1 - k0, k1 > k0);
     let kb = k0 + len / 4u * 4u; // the alternating blocks end here
     if (ln_on()) {
-        ln_stats(xb.x, 0u, lid);
-        ln_stats(xb.y, 1u, lid);
-        ln_stats(xb.z, 2u, lid);
-        ln_stats(xb.w, 3u, lid);
+        ln_stats4(xb, lid);
         workgroupBarrier();
     }
     var c0 = vec4<f32>(0.0);

@@ -58,6 +58,12 @@ fn wg_sum(v: f32, lid: u32) -> f32 {
 // element, three of them for d = 768 with 256 threads. Its first round's four stay in
 // registers for the second pass (every row up to 4 WG = 1024 wide has no other), which
 // then loads nothing after the first tree; the same subtractions in the same order.
+// Nothing is left for the compiler to contract: every multiply is inside an explicit fma
+// or feeds only a store, and the mean is t * (1 / K) written as such. Two kernels that
+// fold the norm (a step's main_m1, a verify pass's main_rows) then give the same bits on
+// NVIDIA too; with `q += d * d` and `(v - mean) * inv * g + b` the driver fused them
+// differently in the two and the bench's verify-against-steps guard caught it on the H200
+// (bench/RESULTS.md 2026-12-06). A multiply added to outside an fma here is that bug again.
 fn ln_stats(xb: u32, slot: u32, lid: u32) {
     let kf = f32(p.k);
     let last = xb + p.k - 1u;
@@ -98,29 +104,32 @@ fn ln_stats(xb: u32, slot: u32, lid: u32) {
             s += u3;
         }
     }
-    let mean = wg_sum(s, lid) / kf;
+    // Every product below is inside an fma or feeds only a store (see the note above).
+    let rk = 1.0 / kf;
+    let t = wg_sum(s, lid);
+    let mean = t * rk;
     var q = 0.0;
     if (in0) {
-        let d = v0 - mean;
-        q += d * d;
+        let d = fma(-t, rk, v0);
+        q = fma(d, d, q);
     }
     if (in1) {
-        let d = v1 - mean;
-        q += d * d;
+        let d = fma(-t, rk, v1);
+        q = fma(d, d, q);
     }
     if (in2) {
-        let d = v2 - mean;
-        q += d * d;
+        let d = fma(-t, rk, v2);
+        q = fma(d, d, q);
     }
     if (in3) {
-        let d = v3 - mean;
-        q += d * d;
+        let d = fma(-t, rk, v3);
+        q = fma(d, d, q);
     }
     for (var c = lid + 4u * WG; c < p.k; c += WG) {
-        let d = x[xb + c] - mean;
-        q += d * d;
+        let d = fma(-t, rk, x[xb + c]);
+        q = fma(d, d, q);
     }
-    let inv = inverseSqrt(wg_sum(q, lid) / kf + p.eps);
+    let inv = inverseSqrt(fma(wg_sum(q, lid), rk, p.eps));
     if (lid == 0u) {
         stat[slot] = mean;
         stat[MAXM + slot] = inv;
@@ -138,7 +147,7 @@ fn ln_apply(v: f32, slot: u32, k: u32) -> f32 {
 // The same with gamma and beta already loaded (kernels that load them ahead of the
 // statistics).
 fn ln_with(v: f32, slot: u32, g: f32, b: f32) -> f32 {
-    return (v - stat[slot]) * stat[MAXM + slot] * g + b;
+    return fma((v - stat[slot]) * stat[MAXM + slot], g, b);
 }
 
 // The epilogue with the bias and the accumulated value loaded ahead; `o` is the output's

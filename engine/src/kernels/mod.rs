@@ -897,9 +897,10 @@ pub struct Kernels {
     /// same; see [`GemvLnPass`]).
     gemv_m1_ln_pass: Option<Arc<Kernel>>,
     /// gemv.wgsl's `main_rows` without and with the LayerNorm (indexed as [`GemvM1Variant`]
-    /// Plain, LayerNorm) where `VERBATIM_GEMV_PASS_ROWS` asks for them (off by default; see
-    /// [`gemv_pass_rows_kernels`]).
+    /// Plain, LayerNorm) where verify passes take it ([`gemv_pass_rows_min`]).
     gemv_pass_rows: [Option<Arc<Kernel>>; 2],
+    /// The fewest rows of a pass that take `gemv_pass_rows`, indexed as it is (u32::MAX: none).
+    gemv_pass_rows_min: [u32; 2],
     /// The M = 1 GEMV for matrices of 8 MiB and more (gemv_stream.wgsl).
     gemv_stream: Arc<Kernel>,
     /// The logits GEMV without and with its LayerNorm folded in (`gemv_rows_source`): one
@@ -1020,30 +1021,51 @@ fn gemv_m1_ln_pass_kernel(gpu: &Gpu, v: GemvLnPass) -> Result<Arc<Kernel>> {
     gpu.kernel_entry(name, &gemv_m1_ln_source(v)?, "main_m1", &[R, R, R, R, R, W])
 }
 
-/// gemv.wgsl's `main_rows` (a verify pass's rows, [`GEMV_PASS_ROWS`] to a workgroup, each
-/// weight word loaded once for them) without and with the LayerNorm folded in, as
-/// `VERBATIM_GEMV_PASS_ROWS` asks: `1` both, `plain` only the GEMVs without the norm; unset
-/// or `0` neither (main_m1 a row). Not on by default: on lavapipe every row equals
-/// main_m1's alone bit for bit (the tests), but on the H200 the bench's guard found a pass
-/// of 2 positions differing from single steps in the last bits of a few scores (RESULTS.md
-/// 2026-12-06, eleventh session), when its statistics were four rows' trees at once as
-/// vec4 lanes; they are now main_m1's own `ln_stats` a row at a time, untimed on a device.
-/// `plain` tells on a device whether the products differ or only the normed rows.
-fn gemv_pass_rows_kernels(gpu: &Gpu, which: &str) -> Result<[Option<Arc<Kernel>>; 2]> {
+/// From how many rows a verify pass's GEMVs take gemv.wgsl's `main_rows` ([`GEMV_PASS_ROWS`]
+/// rows a workgroup, each weight word loaded once for them) instead of main_m1 a row, as
+/// [plain, with the LayerNorm] (u32::MAX: never): `VERBATIM_GEMV_PASS_ROWS` = `N` (both
+/// from N rows, 1 to [`VERIFY_MAX_ROWS`]), `N,M` (with the norm from N, plain from M) or `0`
+/// (never); unset: [`GEMV_PASS_ROWS_MIN`].
+fn gemv_pass_rows_min(v: &str) -> Result<[u32; 2]> {
+    let bad = || Error::Invalid(format!("VERBATIM_GEMV_PASS_ROWS={v}: 0 (never), or N or N,M rows from 1 to {VERIFY_MAX_ROWS} (with the norm, plain)"));
+    let rows = |t: &str| match t.parse::<u32>() {
+        Ok(n) if (1..=VERIFY_MAX_ROWS).contains(&n) => Ok(n),
+        _ => Err(bad()),
+    };
+    match v.split_once(',') {
+        _ if v.is_empty() => Ok(GEMV_PASS_ROWS_MIN),
+        _ if v == "0" => Ok([u32::MAX; 2]),
+        None => rows(v).map(|n| [n, n]),
+        Some((ln, plain)) => Ok([rows(plain)?, rows(ln)?]),
+    }
+}
+
+/// `main_rows` without and with the LayerNorm (indexed as [`GemvM1Variant`] Plain,
+/// LayerNorm) where passes take it (`min` as [`gemv_pass_rows_min`]).
+fn gemv_pass_rows_kernels(gpu: &Gpu, min: [u32; 2]) -> Result<[Option<Arc<Kernel>>; 2]> {
     use Access::{Read as R, ReadWrite as W};
     let rw = [R, R, R, R, R, W];
-    let plain = || gpu.kernel_entry("gemv_pass_rows_f16_plain", &gemv_m1_source(GemvM1Variant::Plain)?, "main_rows", &rw);
-    let ln = || gpu.kernel_entry("gemv_pass_rows_f16_ln", &gemv_m1_source(GemvM1Variant::LayerNorm)?, "main_rows", &rw);
-    Ok(match which {
-        "" | "0" => [None, None],
-        "1" => [Some(plain()?), Some(ln()?)],
-        "plain" => [Some(plain()?), None],
-        v => return Err(Error::Invalid(format!("VERBATIM_GEMV_PASS_ROWS={v}: 0, 1 or plain"))),
-    })
+    let kernel = |name: &'static str, v: GemvM1Variant, min: u32| -> Result<Option<Arc<Kernel>>> {
+        if min > VERIFY_MAX_ROWS {
+            return Ok(None);
+        }
+        Ok(Some(gpu.kernel_entry(name, &gemv_m1_source(v)?, "main_rows", &rw)?))
+    };
+    Ok([
+        kernel("gemv_pass_rows_f16_plain", GemvM1Variant::Plain, min[0])?,
+        kernel("gemv_pass_rows_f16_ln", GemvM1Variant::LayerNorm, min[1])?,
+    ])
 }
 
 /// Rows a workgroup of gemv.wgsl's `main_rows` (its `RB`).
 const GEMV_PASS_ROWS: u32 = 4;
+/// The fewest rows of a verify pass that take `main_rows`, [plain, with the LayerNorm], unless
+/// `VERBATIM_GEMV_PASS_ROWS` says otherwise. H100, µs a pass of 4 dispatches against
+/// main_m1's (RESULTS.md 2026-12-06, twelfth session): with the norm, tiny.en 87.2 / 89.9 at
+/// 9 rows, 104.9 / 120.2 at 16 (86.3 / 69.5 at one: four rows' products and statistics for
+/// one), small.en 399 / 456 at 9, 449 / 663 at 16; plain, small.en 137 / 155 at 9 but tiny.en
+/// 37.0 / 30.2 at 9, level from 13 (37.2 / 37.1).
+const GEMV_PASS_ROWS_MIN: [u32; 2] = [13, 9];
 
 /// The feed-forward chunk kernel: ffn_decode.wgsl's `main`, or with `late` the same from
 /// [`ffn_decode_late_source`].
@@ -1060,6 +1082,7 @@ impl Kernels {
         use Access::{Read as R, ReadWrite as W};
         let tile = GemmTile::NARROW;
         let ffn_late = std::env::var("VERBATIM_FFN_LATE");
+        let pass_rows_min = gemv_pass_rows_min(std::env::var("VERBATIM_GEMV_PASS_ROWS").as_deref().unwrap_or(""))?;
         // The planes GEMMs over 32-row tiles (32 x 64, and 32 x 128 for wide GEMMs).
         let planes_narrow = gpu.info.coop_matrix
             && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
@@ -1177,7 +1200,8 @@ impl Kernels {
                 GemvLnPass::Main => None,
                 v => Some(gemv_m1_ln_pass_kernel(gpu, v)?),
             },
-            gemv_pass_rows: gemv_pass_rows_kernels(gpu, std::env::var("VERBATIM_GEMV_PASS_ROWS").as_deref().unwrap_or(""))?,
+            gemv_pass_rows: gemv_pass_rows_kernels(gpu, pass_rows_min)?,
+            gemv_pass_rows_min: pass_rows_min,
             ffn_decode: ffn_decode_kernel(gpu, ffn_late.as_deref() == Ok("1"))?,
             ffn_decode_pass: match ffn_late.as_deref() {
                 Ok("0" | "1") => None,
@@ -1365,7 +1389,9 @@ impl Kernels {
             (&self.gemv, GEMV_COLUMN_PAIRS, 1)
         } else if wide {
             (&self.gemv_stream, GEMV_STREAM_COLUMN_PAIRS, m)
-        } else if let (true, Some(rows)) = (per_row, &self.gemv_pass_rows[norm.is_some() as usize]) {
+        } else if let (true, true, Some(rows)) =
+            (per_row, m >= self.gemv_pass_rows_min[norm.is_some() as usize], &self.gemv_pass_rows[norm.is_some() as usize])
+        {
             (rows, GEMV_COLUMN_PAIRS, m.div_ceil(GEMV_PASS_ROWS))
         } else if let (Some(_), true, Some(pass_ln)) = (norm, per_row, &self.gemv_m1_ln_pass) {
             (pass_ln, GEMV_COLUMN_PAIRS, m)

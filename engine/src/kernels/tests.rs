@@ -299,11 +299,12 @@ fn run_rows_equal_lone_on(kern: &Kernels, r: &mut StdRng, wt: TestWeights, m: us
 #[test]
 fn linear_per_row_equals_lone_rows_bit_for_bit() {
     let mut r = rng("linear_per_row");
-    // (A pass's rows with the norm go through main_m1's late variant, a step's through
-    // main_m1; main_rows is off by default.)
+    // (A pass's rows with the norm go through main_m1's late variant, or main_rows from
+    // GEMV_PASS_ROWS_MIN's rows on (the pass of VERIFY_MAX_ROWS below); a step's through
+    // main_m1.)
     let kern = Kernels::load(gpu()).unwrap();
     assert!(kern.gemv_m1_ln_pass.is_some(), "passes take the late LayerNorm GEMV by default");
-    assert!(kern.gemv_pass_rows.iter().all(|k| k.is_none()), "main_rows is off by default");
+    assert_eq!(kern.gemv_pass_rows_min, GEMV_PASS_ROWS_MIN, "main_rows from its default rows");
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
@@ -319,16 +320,18 @@ fn linear_per_row_equals_lone_rows_bit_for_bit() {
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 4104, 1025, true, true, true);
 }
 
-/// gemv.wgsl's `main_rows` (a pass's rows four to a workgroup; off by default, see
-/// [`gemv_pass_rows_kernels`]): every row equal bit for bit to the step's kernel on the
-/// same row alone, and to the reference within rounding (on lavapipe: the H200 differed).
+/// gemv.wgsl's `main_rows` (a pass's rows four to a workgroup, from [`gemv_pass_rows_min`]
+/// rows): every row equal bit for bit to the step's kernel on the same row alone, and to
+/// the reference within rounding. (Lavapipe contracts nothing; on NVIDIA the bench's guard
+/// is what holds it, see gemv_common.wgsl's note on `ln_stats`.)
 #[test]
 fn pass_rows_kernel_keeps_the_bits() {
     let g = gpu();
     let mut r = rng("pass_rows");
     {
         let mut kern = Kernels::load(g).unwrap();
-        kern.gemv_pass_rows = gemv_pass_rows_kernels(g, "1").unwrap();
+        kern.gemv_pass_rows = gemv_pass_rows_kernels(g, [1, 1]).unwrap();
+        kern.gemv_pass_rows_min = [1, 1];
         assert!(kern.gemv_pass_rows.iter().all(|k| k.is_some()), "both kernels");
         // tiny.en's Q|K|V with a pass's most rows (slices of 12); its output projection.
         run_rows_equal_lone_on(&kern, &mut r, TestWeights::F16, VERIFY_MAX_ROWS as usize, 1152, 384, true, false, false);
@@ -342,6 +345,37 @@ fn pass_rows_kernel_keeps_the_bits() {
     }
 }
 
+/// Which kernel a verify pass's GEMV takes by its rows: main_rows from each variant's
+/// threshold on (GEMV_PASS_ROWS_MIN, or the switch's), main_m1 below it.
+#[test]
+fn pass_gemvs_take_main_rows_from_their_thresholds() {
+    let g = gpu();
+    let mut r = rng("pass_rows_min");
+    let (n, k) = (66, 40);
+    let wm = F16Matrix::from_bits(g, "w", &f16_bits(&rand_vec(&mut r, n * k, 0.5)), n, k).unwrap();
+    let x = g.upload_f32("x", &rand_vec(&mut r, VERIFY_MAX_ROWS as usize * k, 1.0)).unwrap();
+    let gb = g.upload_f32("g", &rand_vec(&mut r, k, 1.0)).unwrap();
+    let y = poisoned(VERIFY_MAX_ROWS as usize * n);
+    let ran = |kern: &Kernels, m: u32, ln: bool| {
+        let mut rec = g.recorder();
+        let norm = ln.then_some(NormArgs { gamma: &gb, beta: &gb, eps: 1e-5 });
+        kern.linear_per_row(&mut rec, Rows::new(&x, k), m, norm, &wm, None, Rows::new(&y, n), Epilogue::default()).unwrap();
+        let mut prof = Profile::default();
+        rec.submit(Some(&mut prof)).unwrap();
+        kernels_ran(&prof)
+    };
+    let mut kern = Kernels::load(g).unwrap();
+    let [plain, with_norm] = GEMV_PASS_ROWS_MIN;
+    assert_eq!(ran(&kern, with_norm - 1, true), ["gemv_m1_f16_ln_late"]);
+    assert_eq!(ran(&kern, with_norm, true), ["gemv_pass_rows_f16_ln"]);
+    assert_eq!(ran(&kern, plain - 1, false), ["gemv_m1_f16_plain"]);
+    assert_eq!(ran(&kern, plain, false), ["gemv_pass_rows_f16_plain"]);
+    let min = gemv_pass_rows_min("0").unwrap();
+    (kern.gemv_pass_rows, kern.gemv_pass_rows_min) = (gemv_pass_rows_kernels(g, min).unwrap(), min);
+    assert_eq!(ran(&kern, VERIFY_MAX_ROWS, true), ["gemv_m1_f16_ln_late"], "0: never");
+    assert_eq!(ran(&kern, VERIFY_MAX_ROWS, false), ["gemv_m1_f16_plain"], "0: never");
+}
+
 /// The pass GEMVs' switches: a value they do not know is an error naming what they take.
 #[test]
 fn pass_gemv_switches_refuse_unknown_values() {
@@ -349,12 +383,18 @@ fn pass_gemv_switches_refuse_unknown_values() {
     assert_eq!(GemvLnPass::parse("main").unwrap(), GemvLnPass::Main);
     let e = GemvLnPass::parse("eight").unwrap_err().to_string();
     assert!(e.contains("VERBATIM_GEMV_LN_PASS=eight") && e.contains("main or late"), "{e}");
+    assert_eq!(gemv_pass_rows_min("").unwrap(), GEMV_PASS_ROWS_MIN);
+    assert_eq!(gemv_pass_rows_min("0").unwrap(), [u32::MAX; 2]);
+    assert_eq!(gemv_pass_rows_min("12").unwrap(), [12, 12]);
+    assert_eq!(gemv_pass_rows_min("9,13").unwrap(), [13, 9], "with the norm first, then plain");
+    for v in ["yes", "17", "-1", "9,", ",9", "9,0", "1,2,3"] {
+        let e = gemv_pass_rows_min(v).unwrap_err().to_string();
+        assert!(e.contains(&format!("VERBATIM_GEMV_PASS_ROWS={v}:")) && e.contains("from 1 to 16"), "{e}");
+    }
     let g = gpu();
-    assert!(gemv_pass_rows_kernels(g, "").unwrap().iter().all(|k| k.is_none()));
-    let plain = gemv_pass_rows_kernels(g, "plain").unwrap();
-    assert!(plain[0].is_some() && plain[1].is_none(), "plain: only the GEMVs without the norm");
-    let e = gemv_pass_rows_kernels(g, "yes").err().expect("an unknown value refused").to_string();
-    assert!(e.contains("VERBATIM_GEMV_PASS_ROWS=yes") && e.contains("1 or plain"), "{e}");
+    assert!(gemv_pass_rows_kernels(g, [u32::MAX; 2]).unwrap().iter().all(|k| k.is_none()));
+    let ln_only = gemv_pass_rows_kernels(g, [u32::MAX, 9]).unwrap();
+    assert!(ln_only[0].is_none() && ln_only[1].is_some(), "only the kernel a threshold asks for");
 }
 
 /// ffn_decode.wgsl against LayerNorm, fc1, GELU, fc2 and the residual on the CPU, for `m`
