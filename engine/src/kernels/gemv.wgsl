@@ -488,7 +488,13 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
 const RB: u32 = 4u;
 var<workgroup> rs4: array<vec4<f32>, WG>;
 
-// wg_sum over four rows at once, a row a lane (the same tree).
+// wg_sum and ln_stats (gemv_common.wgsl) over four rows at once, a row a lane: twins, not
+// shared code, because WGSL has no generics and the scalar pair is the decode step's hot
+// path (a vec4 tree there would be four times its workgroup memory, untimed). They must
+// stay the same operations in the same order lane by lane: `pass_rows_kernel_keeps_the_
+// bits` compares every row with main_m1 on the same row alone, and the bench's guard does
+// on each device. Four ln_stats calls instead: 105 against 87 us a tiny.en pass (RESULTS.md
+// 2026-12-06, twelfth session).
 fn wg_sum4(v: vec4<f32>, lid: u32) -> vec4<f32> {
     rs4[lid] = v;
     workgroupBarrier();
