@@ -147,14 +147,25 @@ pub type Signature = (Vec<CmdSig>, Vec<(usize, u64)>);
 /// Bind groups and parameter slots kept from one recording to the next. A sequence of
 /// dispatches that repeats with the same buffers (a decode step) then creates no bind
 /// groups after its first recording: dispatch i reuses slot i and, when its kernel and
-/// buffers are the ones it had last time, its bind group; only the parameter bytes are
-/// rewritten (one `write_buffer` per arena).
+/// buffers are among the last [`BINDS_PER_SLOT`] it had there, that bind group; only the
+/// parameter bytes are rewritten (one `write_buffer` per arena). More than one a slot
+/// because a verify pass's kernel for a slot can depend on its rows (main_rows from
+/// `GEMV_PASS_ROWS_MIN` on): with one, passes alternating across that threshold each made
+/// a new bind group, so a new signature and a new replay program every time (live replay
+/// on the H100, 2026-12-06: 0.15 against 0.10 ms/token).
 #[derive(Default)]
 pub struct DispatchCache {
     arenas: Vec<wgpu::Buffer>,
-    /// Per slot: the kernel, its parameter block's size, its buffers and the bind group.
-    binds: Vec<Option<(&'static str, u64, Vec<wgpu::Buffer>, wgpu::BindGroup)>>,
+    /// Per slot, oldest first: the kernel, its parameter block's size, its buffers and the
+    /// bind group.
+    binds: Vec<Vec<SlotBind>>,
 }
+
+/// A bind group a [`DispatchCache`] slot keeps: kernel, parameter bytes, buffers, the group.
+type SlotBind = (&'static str, u64, Vec<wgpu::Buffer>, wgpu::BindGroup);
+
+/// Bind groups a [`DispatchCache`] slot keeps (the oldest goes first).
+const BINDS_PER_SLOT: usize = 4;
 
 pub struct Recorder<'g> {
     gpu: &'g Gpu,
@@ -375,12 +386,13 @@ impl<'g> Recorder<'g> {
         let mut out = Vec::with_capacity(self.cmds.len());
         for c in &self.cmds {
             out.push(match c {
-                Cmd::Dispatch { kernel, groups, indirect, .. } => {
+                Cmd::Dispatch { kernel, bind, groups, indirect, .. } => {
                     let &(ai, off) = slots.next().ok_or_else(|| Error::Invalid("replay: a dispatch without a slot".into()))?;
                     let slot = (ai as u64 * SLOTS_PER_ARENA + off / SLOT) as usize;
-                    let (size, buffers) = match cache.binds.get(slot) {
-                        Some(Some((name, size, bufs, _))) if *name == kernel.name => (*size, bufs.clone()),
-                        _ => return Err(Error::Invalid(format!("replay: kernel {}'s slot has no bind group", kernel.name))),
+                    let kept = cache.binds.get(slot).and_then(|k| k.iter().find(|(_, _, _, bg)| bg == bind));
+                    let (size, buffers) = match kept {
+                        Some((_, size, bufs, _)) => (*size, bufs.clone()),
+                        None => return Err(Error::Invalid(format!("replay: kernel {}'s slot has no bind group", kernel.name))),
                     };
                     ProgramCmd::Dispatch {
                         kernel: kernel.clone(),
@@ -571,16 +583,14 @@ impl<'g> Recorder<'g> {
         let param_bytes = slot_bytes(params.len());
         self.slots.push((ai, off));
         let slot = (ai as u64 * SLOTS_PER_ARENA + off / SLOT) as usize;
-        let reuse = self.cache.as_ref().and_then(|c| match c.binds.get(slot) {
-            Some(Some((name, size, bufs, bg)))
-                if *name == kernel.name
+        let reuse = self.cache.as_ref().and_then(|c| {
+            c.binds.get(slot)?.iter().find_map(|(name, size, bufs, bg)| {
+                (*name == kernel.name
                     && *size == param_bytes
                     && bufs.len() == buffers.len()
-                    && bufs.iter().zip(buffers).all(|(a, b)| a == *b) =>
-            {
-                Some(bg.clone())
-            }
-            _ => None,
+                    && bufs.iter().zip(buffers).all(|(a, b)| a == *b))
+                .then(|| bg.clone())
+            })
         });
         let bind = match reuse {
             Some(bg) => bg,
@@ -604,9 +614,13 @@ impl<'g> Recorder<'g> {
                 });
                 if let Some(c) = self.cache.as_mut() {
                     if c.binds.len() <= slot {
-                        c.binds.resize(slot + 1, None);
+                        c.binds.resize(slot + 1, Vec::new());
                     }
-                    c.binds[slot] = Some((kernel.name, param_bytes, buffers.iter().map(|b| (*b).clone()).collect(), bg.clone()));
+                    let kept = &mut c.binds[slot];
+                    if kept.len() == BINDS_PER_SLOT {
+                        kept.remove(0);
+                    }
+                    kept.push((kernel.name, param_bytes, buffers.iter().map(|b| (*b).clone()).collect(), bg.clone()));
                 }
                 bg
             }

@@ -1060,12 +1060,16 @@ fn gemv_pass_rows_kernels(gpu: &Gpu, min: [u32; 2]) -> Result<[Option<Arc<Kernel
 /// Rows a workgroup of gemv.wgsl's `main_rows` (its `RB`).
 const GEMV_PASS_ROWS: u32 = 4;
 /// The fewest rows of a verify pass that take `main_rows`, [plain, with the LayerNorm], unless
-/// `VERBATIM_GEMV_PASS_ROWS` says otherwise. H100, µs a pass of 4 dispatches against
-/// main_m1's (RESULTS.md 2026-12-06, twelfth session): with the norm, tiny.en 87.2 / 89.9 at
-/// 9 rows, 104.9 / 120.2 at 16 (86.3 / 69.5 at one: four rows' products and statistics for
-/// one), small.en 399 / 456 at 9, 449 / 663 at 16; plain, small.en 137 / 155 at 9 but tiny.en
-/// 37.0 / 30.2 at 9, level from 13 (37.2 / 37.1).
-const GEMV_PASS_ROWS_MIN: [u32; 2] = [13, 9];
+/// `VERBATIM_GEMV_PASS_ROWS` says otherwise: none yet. H100, µs a pass of 4 dispatches
+/// against main_m1's (RESULTS.md 2026-12-06, twelfth session): with the norm, tiny.en
+/// 87.2 / 89.9 at 9 rows, 104.9 / 120.2 at 16 (86.3 / 69.5 at one: four rows' products and
+/// statistics for one), small.en 399 / 456 at 9, 449 / 663 at 16; plain, small.en 137 / 155
+/// at 9 but tiny.en 37.0 / 30.2 at 9, level from 13 (37.2 / 37.1). So `9,13` is the
+/// candidate; on by default it made the live replay slower (jfk 0.15 against 0.10 ms/token)
+/// while a slot kept one bind group (passes across the threshold rebuilt their replay
+/// programs, see `DispatchCache`). Now that a slot keeps several, it waits for a device run
+/// of the live replay with `9,13` against `0` before it becomes the default.
+const GEMV_PASS_ROWS_MIN: [u32; 2] = [u32::MAX; 2];
 
 /// The feed-forward chunk kernel: ffn_decode.wgsl's `main`, or with `late` the same from
 /// [`ffn_decode_late_source`].
@@ -1519,8 +1523,8 @@ impl Kernels {
     /// embedding table), each row bit-identical to the same row alone: one grid layer per
     /// row, or (`pass`: a verify pass's logits, one row too, without a LayerNorm) main_rows,
     /// each weight word loaded once for up to 16 rows. A verify pass always takes main_rows
-    /// and a decode step `main`: a kernel that changes between calls in one `DispatchCache`
-    /// slot gets a new bind group, and with it a new replay program, each time.
+    /// and a decode step `main` (a `DispatchCache` slot keeps only a few bind groups; one
+    /// kernel a slot is the simplest way to keep each pass's replay program).
     #[allow(clippy::too_many_arguments)]
     pub fn linear_rows(
         &self,

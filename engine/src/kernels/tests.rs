@@ -299,12 +299,12 @@ fn run_rows_equal_lone_on(kern: &Kernels, r: &mut StdRng, wt: TestWeights, m: us
 #[test]
 fn linear_per_row_equals_lone_rows_bit_for_bit() {
     let mut r = rng("linear_per_row");
-    // (A pass's rows with the norm go through main_m1's late variant, or main_rows from
-    // GEMV_PASS_ROWS_MIN's rows on (the pass of VERIFY_MAX_ROWS below); a step's through
-    // main_m1.)
+    // (A pass's rows with the norm go through main_m1's late variant, a step's through
+    // main_m1; main_rows from GEMV_PASS_ROWS_MIN's rows on: none by default.)
     let kern = Kernels::load(gpu()).unwrap();
     assert!(kern.gemv_m1_ln_pass.is_some(), "passes take the late LayerNorm GEMV by default");
     assert_eq!(kern.gemv_pass_rows_min, GEMV_PASS_ROWS_MIN, "main_rows from its default rows");
+    assert!(kern.gemv_pass_rows.iter().all(|k| k.is_none()), "not built while no pass takes it");
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
@@ -346,7 +346,7 @@ fn pass_rows_kernel_keeps_the_bits() {
 }
 
 /// Which kernel a verify pass's GEMV takes by its rows: main_rows from each variant's
-/// threshold on (GEMV_PASS_ROWS_MIN, or the switch's), main_m1 below it.
+/// threshold on (the switch's; none by default, GEMV_PASS_ROWS_MIN), main_m1 below it.
 #[test]
 fn pass_gemvs_take_main_rows_from_their_thresholds() {
     let g = gpu();
@@ -365,7 +365,9 @@ fn pass_gemvs_take_main_rows_from_their_thresholds() {
         kernels_ran(&prof)
     };
     let mut kern = Kernels::load(g).unwrap();
-    let [plain, with_norm] = GEMV_PASS_ROWS_MIN;
+    let min = gemv_pass_rows_min("9,13").unwrap();
+    (kern.gemv_pass_rows, kern.gemv_pass_rows_min) = (gemv_pass_rows_kernels(g, min).unwrap(), min);
+    let [plain, with_norm] = min;
     assert_eq!(ran(&kern, with_norm - 1, true), ["gemv_m1_f16_ln_late"]);
     assert_eq!(ran(&kern, with_norm, true), ["gemv_pass_rows_f16_ln"]);
     assert_eq!(ran(&kern, plain - 1, false), ["gemv_m1_f16_plain"]);
@@ -2552,6 +2554,50 @@ fn replay_programs_dropped_at_the_bound_are_rebuilt() {
         assert_eq!(got, data[..rows as usize * 7].to_vec(), "round {round} ({rows} rows)");
         assert_eq!(g.replay_programs(), 1, "round {round}: one program kept");
     }
+}
+
+/// Passes on either side of main_rows' threshold share dispatch slots with different
+/// kernels: each slot keeps both bind groups, so each length keeps its signature and its
+/// program (built once, then replayed; with one bind group a slot every pass after the
+/// first two was built anew), each result right.
+#[test]
+fn replay_keeps_programs_across_the_pass_rows_threshold() {
+    let g = crate::gpu::Gpu::new(&Default::default()).unwrap();
+    if !g.replay_available() {
+        return;
+    }
+    let mut kern = Kernels::load(&g).unwrap();
+    let min = gemv_pass_rows_min("9,13").unwrap();
+    (kern.gemv_pass_rows, kern.gemv_pass_rows_min) = (gemv_pass_rows_kernels(&g, min).unwrap(), min);
+    let mut r = rng("replay threshold");
+    let (n, k, most) = (34, 45, 9);
+    let w = rand_vec(&mut r, n * k, 0.5);
+    let wm = F16Matrix::from_bits(&g, "w", &f16_bits(&w), n, k).unwrap();
+    let w16: Vec<f32> = f16_bits(&w).iter().map(|&b| f16::from_bits(b).to_f32()).collect();
+    let (gm, bt) = (rand_vec(&mut r, k, 1.0), rand_vec(&mut r, k, 0.5));
+    let (gb, bb) = (g.upload_f32("g", &gm).unwrap(), g.upload_f32("b", &bt).unwrap());
+    let x = g.upload_f32("x", &vec![0.0; most * k]).unwrap();
+    let y = g.buffer("y", (4 * most * n) as u64).unwrap();
+    let mut cache = crate::gpu::DispatchCache::default();
+    for (round, m) in [8usize, 9, 8, 9, 8, 9].into_iter().enumerate() {
+        let data = rand_vec(&mut r, m * k, 1.0);
+        g.write(&y, 0, bytemuck::cast_slice(&vec![f32::NAN; most * n]));
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+        let mut rec = g.recorder_cached(&mut cache);
+        let norm = NormArgs { gamma: &gb, beta: &bb, eps: 1e-5 };
+        kern.linear_per_row(&mut rec, Rows::new(&x, k), m as u32, Some(norm), &wm, None, Rows::new(&y, n), Epilogue::default()).unwrap();
+        let t = rec.replay(&[(&x, 0, bytemuck::cast_slice(&data))], None).unwrap();
+        assert_eq!(t.is_some(), round >= 2, "round {round} ({m} rows): built on a length's first pass, then replayed");
+        if let Some(t) = t {
+            g.replay_wait(t).unwrap();
+        }
+        let got = g.read_f32(&y, 0, m * n).unwrap();
+        let want = ops::linear(&ops::layer_norm(&data, m, k, &gm, &bt, 1e-5), m, k, &w16, n, None);
+        let e = rel_err(&got, &want);
+        assert!(e < 1e-5, "round {round} ({m} rows): rel err {e}");
+    }
+    assert_eq!(g.replay_programs(), 2, "one program a length");
 }
 
 /// The verify passes' feed-forward chunk kernel ([`ffn_decode_late_source`]) against `main`
