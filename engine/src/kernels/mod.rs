@@ -411,18 +411,25 @@ pub const ATTENTION_COOP_QUERIES: u32 = 64;
 /// attention_coop.wgsl with `nsg` subgroups of 16 queries per workgroup (4 as written, or 2)
 /// and its P·V leaving through the score tile `od` dims a round (32 as written: half the
 /// tile, two rounds; or 64: one round through a tile twice as wide). Workgroup memory:
-/// 4 x 32 37 KiB, 4 x 64 45 KiB, 2 x 64 32 KiB, 2 x 32 28 KiB.
-pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
+/// 4 x 32 37 KiB, 4 x 64 45 KiB, 2 x 64 32 KiB, 2 x 32 28 KiB. `prefetch`: the next
+/// block's K|V loaded into registers while a block computes (as written: false).
+pub fn attention_coop_source(nsg: u32, od: u32, prefetch: bool) -> Result<String> {
     if !matches!((nsg, od), (2, 64) | (2, 32) | (4, 32) | (4, 64)) {
         return Err(Error::Invalid(format!("attention_coop: {nsg} subgroups with {od}-dim rounds (2 x 64, 2 x 32, 4 x 32 or 4 x 64)")));
     }
     let n = format!("const NSG: u32 = {nsg}u;");
     let o = format!("const OD: u32 = {od}u;");
     let w = format!("@workgroup_size({})", 32 * nsg);
+    let f = format!("const PREFETCH: bool = {prefetch};");
     rewrite_source(
         "attention_coop.wgsl",
         ATTENTION_COOP_SOURCE,
-        &[("const NSG: u32 = 4u;", n.as_str()), ("const OD: u32 = 32u;", o.as_str()), ("@workgroup_size(128)", w.as_str())],
+        &[
+            ("const NSG: u32 = 4u;", n.as_str()),
+            ("const OD: u32 = 32u;", o.as_str()),
+            ("@workgroup_size(128)", w.as_str()),
+            ("const PREFETCH: bool = false;", f.as_str()),
+        ],
     )
 }
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
@@ -1257,15 +1264,28 @@ impl Kernels {
             unused_out: gpu.buffer("unused output", 16)?,
         };
         // `VERBATIM_ATTENTION_COOP_SHAPE=4x32` (subgroups x dims a round): another shape of
-        // attention_coop.wgsl, to compare on a device.
-        match std::env::var("VERBATIM_ATTENTION_COOP_SHAPE") {
+        // attention_coop.wgsl; `VERBATIM_ATTENTION_COOP_PREFETCH=1`: K|V loaded a block
+        // ahead into registers. To compare on a device.
+        let prefetch = match std::env::var("VERBATIM_ATTENTION_COOP_PREFETCH").as_deref() {
+            Ok("1") => Some(true),
+            Ok("0") => Some(false),
+            Ok("") | Err(_) => None,
+            Ok(v) => return Err(Error::Invalid(format!("VERBATIM_ATTENTION_COOP_PREFETCH={v}: 0 or 1"))),
+        };
+        let shape = match std::env::var("VERBATIM_ATTENTION_COOP_SHAPE") {
             Ok(v) if !v.is_empty() => {
                 let bad = || Error::Invalid(format!("VERBATIM_ATTENTION_COOP_SHAPE={v}: 2x64, 2x32, 4x32 or 4x64"));
                 let (n, o) = v.split_once('x').ok_or_else(bad)?;
-                let (n, o) = (n.parse().map_err(|_| bad())?, o.parse().map_err(|_| bad())?);
-                kernels.with_attention_coop_shape(gpu, n, o)
+                Some((n.parse().map_err(|_| bad())?, o.parse().map_err(|_| bad())?))
             }
-            _ => Ok(kernels),
+            _ => None,
+        };
+        match (shape, prefetch) {
+            (None, None) => Ok(kernels),
+            (s, f) => {
+                let (n, o) = s.unwrap_or((ATTENTION_COOP_QUERIES / 16, 32));
+                kernels.with_attention_coop_shape(gpu, n, o, f.unwrap_or(false))
+            }
         }
     }
 
@@ -1298,14 +1318,18 @@ impl Kernels {
 
     /// The same kernels with attention_coop.wgsl in another shape ([`attention_coop_source`]),
     /// where the device has it (tests hold each shape to the CPU).
-    pub fn with_attention_coop_shape(mut self, gpu: &Gpu, nsg: u32, od: u32) -> Result<Kernels> {
-        let src = attention_coop_source(nsg, od)?;
+    pub fn with_attention_coop_shape(mut self, gpu: &Gpu, nsg: u32, od: u32, prefetch: bool) -> Result<Kernels> {
+        let src = attention_coop_source(nsg, od, prefetch)?;
         if self.attention_coop.is_some() {
-            let name = match (nsg, od) {
-                (4, 32) => "attention_coop",
-                (4, 64) => "attention_coop (64-dim rounds)",
-                (2, 64) => "attention_coop (2 subgroups, 64-dim rounds)",
-                _ => "attention_coop (2 subgroups, 32-dim rounds)",
+            let name = match (nsg, od, prefetch) {
+                (4, 32, false) => "attention_coop",
+                (4, 64, false) => "attention_coop (64-dim rounds)",
+                (2, 64, false) => "attention_coop (2 subgroups, 64-dim rounds)",
+                (_, _, false) => "attention_coop (2 subgroups, 32-dim rounds)",
+                (4, 32, true) => "attention_coop (prefetched)",
+                (4, 64, true) => "attention_coop (64-dim rounds, prefetched)",
+                (2, 64, true) => "attention_coop (2 subgroups, 64-dim rounds, prefetched)",
+                (_, _, true) => "attention_coop (2 subgroups, 32-dim rounds, prefetched)",
             };
             self.attention_coop = Some(gpu.kernel(name, &src, &[Access::Read, Access::ReadWrite])?);
         }

@@ -1578,9 +1578,16 @@ fn attention_coop_matches_reference() {
     let g = gpu();
     let coop = Kernels::load(g).unwrap().attention_coop.is_some();
     // Each shape of the kernel (subgroups x dims a P·V round): the shipped one and the lab's.
-    for (nsg, od, name) in [(4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
+    for (nsg, od, prefetch, name) in [
+        (4, 32, false, "attention_coop"),
+        (4, 32, true, "attention_coop (prefetched)"),
+        (2, 32, false, "attention_coop (2 subgroups, 32-dim rounds)"),
+        (2, 32, true, "attention_coop (2 subgroups, 32-dim rounds, prefetched)"),
+        (2, 64, false, "attention_coop (2 subgroups, 64-dim rounds)"),
+        (4, 64, false, "attention_coop (64-dim rounds)"),
+    ] {
         let want: Vec<&str> = if coop { vec![name, "attention_merge", "split_f16_heads"] } else { vec!["attention_blocked", "attention_merge"] };
-        let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap();
+        let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od, prefetch).unwrap();
         for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
             let mut ran = run_attention_fused_with(kern(), &mut r, t, heads);
             ran.sort_unstable();
@@ -2412,13 +2419,20 @@ fn gemm_planes_tiles_rewrite_or_refuse() {
 #[test]
 fn attention_coop_shapes_rewrite_or_refuse() {
     for (nsg, od) in [(2u32, 32u32), (2, 64), (4, 32), (4, 64)] {
-        let src = super::attention_coop_source(nsg, od).unwrap();
-        for want in [format!("const NSG: u32 = {nsg}u;"), format!("const OD: u32 = {od}u;"), format!("@workgroup_size({})", 32 * nsg)] {
-            assert!(src.contains(&want), "{nsg} x {od}: no {want}");
+        for prefetch in [false, true] {
+            let src = super::attention_coop_source(nsg, od, prefetch).unwrap();
+            for want in [
+                format!("const NSG: u32 = {nsg}u;"),
+                format!("const OD: u32 = {od}u;"),
+                format!("@workgroup_size({})", 32 * nsg),
+                format!("const PREFETCH: bool = {prefetch};"),
+            ] {
+                assert!(src.contains(&want), "{nsg} x {od}, prefetch {prefetch}: no {want}");
+            }
         }
     }
     for (nsg, od) in [(1, 32), (3, 32), (8, 32), (4, 16), (2, 48), (4, 128)] {
-        assert!(super::attention_coop_source(nsg, od).is_err(), "{nsg} x {od} was built");
+        assert!(super::attention_coop_source(nsg, od, false).is_err(), "{nsg} x {od} was built");
     }
 }
 
@@ -2445,7 +2459,10 @@ fn coop_sources_are_valid_wgsl() {
     assert!(super::GEMM_PLANES_SOURCE.contains(&format!("const CK: u32 = {}u;", super::GEMM_PLANES_CK)));
     let nsg = super::ATTENTION_COOP_QUERIES / 16;
     assert!(staged.contains(&format!("const NSG: u32 = {nsg}u;")) && staged.contains(&format!("@workgroup_size({})", 32 * nsg)));
-    let attention_variants: Vec<String> = [(2u32, 32u32), (2, 64), (4, 64)].iter().map(|&(n, od)| super::attention_coop_source(n, od).unwrap()).collect();
+    let attention_variants: Vec<String> = [(2u32, 32u32, false), (2, 64, false), (4, 64, false), (4, 32, true), (2, 32, true), (4, 64, true)]
+        .iter()
+        .map(|&(n, od, f)| super::attention_coop_source(n, od, f).unwrap())
+        .collect();
     let mut sources = vec![GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()];
     sources.extend(attention_variants.iter().map(|s| s.as_str()));
     let narrow = super::gemm_planes_narrow_source().unwrap();
