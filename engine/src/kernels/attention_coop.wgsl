@@ -46,10 +46,6 @@ const SS: u32 = OD + 4u; // floats per score / output row (a block's 32 scores f
 const PS: u32 = 40u; // halves per probability row
 const KS: u32 = 18u; // vec4 per staged key row (16 + 2)
 const BK: u32 = 32u; // keys per block
-const SW: u32 = 64u / NSG; // staged words a thread a block
-// Whether the next block's K|V is loaded into registers while this block computes (`fetch`
-// and `put`), not after its last barrier (`stage`): attention_coop_source's `prefetch`.
-const PREFETCH: bool = false;
 const NEG: f32 = -3.0e38;
 const LO_SCALE: f32 = 4096.0;
 
@@ -65,30 +61,12 @@ fn split_hi(v: f32) -> f32 {
 // Keys j0..j0+31 of head h (k hi, k lo, v hi, v lo) into `kv`: 2048 words, 2048 / (32 NSG)
 // a thread.
 fn stage(j0: u32, hb4: u32, plane4: u32, lid: u32) {
-    for (var i = 0u; i < SW; i++) {
+    for (var i = 0u; i < 64u / NSG; i++) {
         let e = lid + 32u * NSG * i; // [which 4][key 32][16 words]
         let which = e / 512u;
         let key = (e / 16u) % 32u;
         let w = e % 16u;
         kv[(which * 32u + key) * KS + w] = pl[(2u + which) * plane4 + hb4 + (j0 + key) * 16u + w];
-    }
-}
-
-// The same words as `stage`, into registers (PREFETCH: loaded at a block's start, stored
-// into `kv` by `put` at its end, so the loads' latency overlaps the block's work).
-fn fetch(j0: u32, hb4: u32, plane4: u32, lid: u32) -> array<vec4<f16>, SW> {
-    var r: array<vec4<f16>, SW>;
-    for (var i = 0u; i < SW; i++) {
-        let e = lid + 32u * NSG * i;
-        r[i] = pl[(2u + e / 512u) * plane4 + hb4 + (j0 + (e / 16u) % 32u) * 16u + e % 16u];
-    }
-    return r;
-}
-
-fn put(r: array<vec4<f16>, SW>, lid: u32) {
-    for (var i = 0u; i < SW; i++) {
-        let e = lid + 32u * NSG * i;
-        kv[((e / 512u) * 32u + (e / 16u) % 32u) * KS + e % 16u] = r[i];
     }
 }
 
@@ -172,11 +150,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
     }
     workgroupBarrier();
     for (var j0 = j_begin; j0 < j_end; j0 += BK) {
-        let more = j0 + BK < j_end;
-        var next: array<vec4<f16>, SW>;
-        if (PREFETCH && more) {
-            next = fetch(j0 + BK, hb4, plane4, lid);
-        }
         for (var t = 0u; t < BK; t += 16u) {
             var sh = coop_mat16x16<f32, C>();
             var sl = coop_mat16x16<f32, C>();
@@ -270,12 +243,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             o7 = fma(o7, vec4<f32>(alpha), s4(ob + 12u));
         }
         // (every K|V read of this block is behind the barrier above)
-        if (more) {
-            if (PREFETCH) {
-                put(next, lid);
-            } else {
-                stage(j0 + BK, hb4, plane4, lid);
-            }
+        if (j0 + BK < j_end) {
+            stage(j0 + BK, hb4, plane4, lid);
         }
         workgroupBarrier();
     }

@@ -484,7 +484,8 @@ fn main_m1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) l
 // Without the merge (flag 32): the split attention's partials stay main_m1's.
 // On NVIDIA the bits hold only because nothing is left to contract (gemv_common.wgsl's
 // note on ln_stats): before that the bench's guard caught this kernel (RESULTS.md
-// 2026-12-06). Passes take it from `VERBATIM_GEMV_PASS_ROWS` rows (kernels/mod.rs).
+// 2026-12-06). Passes take it from 9 rows with the norm, 13 plain (kernels/mod.rs
+// GEMV_PASS_ROWS_MIN; `VERBATIM_GEMV_PASS_ROWS` to move or drop the thresholds).
 const RB: u32 = 4u;
 var<workgroup> rs4: array<vec4<f32>, WG>;
 

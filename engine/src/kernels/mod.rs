@@ -411,25 +411,18 @@ pub const ATTENTION_COOP_QUERIES: u32 = 64;
 /// attention_coop.wgsl with `nsg` subgroups of 16 queries per workgroup (4 as written, or 2)
 /// and its P·V leaving through the score tile `od` dims a round (32 as written: half the
 /// tile, two rounds; or 64: one round through a tile twice as wide). Workgroup memory:
-/// 4 x 32 37 KiB, 4 x 64 45 KiB, 2 x 64 32 KiB, 2 x 32 28 KiB. `prefetch`: the next
-/// block's K|V loaded into registers while a block computes (as written: false).
-pub fn attention_coop_source(nsg: u32, od: u32, prefetch: bool) -> Result<String> {
+/// 4 x 32 37 KiB, 4 x 64 45 KiB, 2 x 64 32 KiB, 2 x 32 28 KiB.
+pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
     if !matches!((nsg, od), (2, 64) | (2, 32) | (4, 32) | (4, 64)) {
         return Err(Error::Invalid(format!("attention_coop: {nsg} subgroups with {od}-dim rounds (2 x 64, 2 x 32, 4 x 32 or 4 x 64)")));
     }
     let n = format!("const NSG: u32 = {nsg}u;");
     let o = format!("const OD: u32 = {od}u;");
     let w = format!("@workgroup_size({})", 32 * nsg);
-    let f = format!("const PREFETCH: bool = {prefetch};");
     rewrite_source(
         "attention_coop.wgsl",
         ATTENTION_COOP_SOURCE,
-        &[
-            ("const NSG: u32 = 4u;", n.as_str()),
-            ("const OD: u32 = 32u;", o.as_str()),
-            ("@workgroup_size(128)", w.as_str()),
-            ("const PREFETCH: bool = false;", f.as_str()),
-        ],
+        &[("const NSG: u32 = 4u;", n.as_str()), ("const OD: u32 = 32u;", o.as_str()), ("@workgroup_size(128)", w.as_str())],
     )
 }
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
@@ -1067,16 +1060,18 @@ fn gemv_pass_rows_kernels(gpu: &Gpu, min: [u32; 2]) -> Result<[Option<Arc<Kernel
 /// Rows a workgroup of gemv.wgsl's `main_rows` (its `RB`).
 const GEMV_PASS_ROWS: u32 = 4;
 /// The fewest rows of a verify pass that take `main_rows`, [plain, with the LayerNorm], unless
-/// `VERBATIM_GEMV_PASS_ROWS` says otherwise: none yet. H100, µs a pass of 4 dispatches
-/// against main_m1's (RESULTS.md 2026-12-06, twelfth session): with the norm, tiny.en
-/// 87.2 / 89.9 at 9 rows, 104.9 / 120.2 at 16 (86.3 / 69.5 at one: four rows' products and
-/// statistics for one), small.en 399 / 456 at 9, 449 / 663 at 16; plain, small.en 137 / 155
-/// at 9 but tiny.en 37.0 / 30.2 at 9, level from 13 (37.2 / 37.1). So `9,13` is the
-/// candidate; on by default it made the live replay slower (jfk 0.15 against 0.10 ms/token)
-/// while a slot kept one bind group (passes across the threshold rebuilt their replay
-/// programs, see `DispatchCache`). Now that a slot keeps several, it waits for a device run
-/// of the live replay with `9,13` against `0` before it becomes the default.
-const GEMV_PASS_ROWS_MIN: [u32; 2] = [u32::MAX; 2];
+/// `VERBATIM_GEMV_PASS_ROWS` says otherwise. H100, µs a pass of 4 dispatches against
+/// main_m1's (RESULTS.md 2026-12-06, twelfth session): with the norm, tiny.en 87.2 / 89.9
+/// at 9 rows, 104.9 / 120.2 at 16 (86.3 / 69.5 at one: four rows' products and statistics
+/// for one), small.en 399 / 456 at 9, 449 / 663 at 16; plain, small.en 137 / 155 at 9 but
+/// tiny.en 37.0 / 30.2 at 9, level from 13 (37.2 / 37.1). Hence 9 with the norm, 13 plain.
+/// With passes of both sides of 9 rows in one replay, a dispatch slot must keep a bind
+/// group for each kernel (`DispatchCache`): with one, the live replay got slower (jfk 0.15
+/// against 0.10 ms/token). Since then (thirteenth session, H100, alternated): tiny.en
+/// passes of 12 / 16 rows 0.411 / 0.483 ms against 0.430 / 0.499; live replays with ngram
+/// drafts jfk 0.0970-0.0976 against 0.0976-0.0981, lhotse_2412 0.0768-0.0769 against
+/// 0.0775-0.0838; the 20 samples equal faster-whisper.
+const GEMV_PASS_ROWS_MIN: [u32; 2] = [13, 9];
 
 /// The feed-forward chunk kernel: ffn_decode.wgsl's `main`, or with `late` the same from
 /// [`ffn_decode_late_source`].
@@ -1264,28 +1259,15 @@ impl Kernels {
             unused_out: gpu.buffer("unused output", 16)?,
         };
         // `VERBATIM_ATTENTION_COOP_SHAPE=4x32` (subgroups x dims a round): another shape of
-        // attention_coop.wgsl; `VERBATIM_ATTENTION_COOP_PREFETCH=1`: K|V loaded a block
-        // ahead into registers. To compare on a device.
-        let prefetch = match std::env::var("VERBATIM_ATTENTION_COOP_PREFETCH").as_deref() {
-            Ok("1") => Some(true),
-            Ok("0") => Some(false),
-            Ok("") | Err(_) => None,
-            Ok(v) => return Err(Error::Invalid(format!("VERBATIM_ATTENTION_COOP_PREFETCH={v}: 0 or 1"))),
-        };
-        let shape = match std::env::var("VERBATIM_ATTENTION_COOP_SHAPE") {
+        // attention_coop.wgsl, to compare on a device.
+        match std::env::var("VERBATIM_ATTENTION_COOP_SHAPE") {
             Ok(v) if !v.is_empty() => {
                 let bad = || Error::Invalid(format!("VERBATIM_ATTENTION_COOP_SHAPE={v}: 2x64, 2x32, 4x32 or 4x64"));
                 let (n, o) = v.split_once('x').ok_or_else(bad)?;
-                Some((n.parse().map_err(|_| bad())?, o.parse().map_err(|_| bad())?))
+                let (n, o) = (n.parse().map_err(|_| bad())?, o.parse().map_err(|_| bad())?);
+                kernels.with_attention_coop_shape(gpu, n, o)
             }
-            _ => None,
-        };
-        match (shape, prefetch) {
-            (None, None) => Ok(kernels),
-            (s, f) => {
-                let (n, o) = s.unwrap_or((ATTENTION_COOP_QUERIES / 16, 32));
-                kernels.with_attention_coop_shape(gpu, n, o, f.unwrap_or(false))
-            }
+            _ => Ok(kernels),
         }
     }
 
@@ -1318,18 +1300,14 @@ impl Kernels {
 
     /// The same kernels with attention_coop.wgsl in another shape ([`attention_coop_source`]),
     /// where the device has it (tests hold each shape to the CPU).
-    pub fn with_attention_coop_shape(mut self, gpu: &Gpu, nsg: u32, od: u32, prefetch: bool) -> Result<Kernels> {
-        let src = attention_coop_source(nsg, od, prefetch)?;
+    pub fn with_attention_coop_shape(mut self, gpu: &Gpu, nsg: u32, od: u32) -> Result<Kernels> {
+        let src = attention_coop_source(nsg, od)?;
         if self.attention_coop.is_some() {
-            let name = match (nsg, od, prefetch) {
-                (4, 32, false) => "attention_coop",
-                (4, 64, false) => "attention_coop (64-dim rounds)",
-                (2, 64, false) => "attention_coop (2 subgroups, 64-dim rounds)",
-                (_, _, false) => "attention_coop (2 subgroups, 32-dim rounds)",
-                (4, 32, true) => "attention_coop (prefetched)",
-                (4, 64, true) => "attention_coop (64-dim rounds, prefetched)",
-                (2, 64, true) => "attention_coop (2 subgroups, 64-dim rounds, prefetched)",
-                (_, _, true) => "attention_coop (2 subgroups, 32-dim rounds, prefetched)",
+            let name = match (nsg, od) {
+                (4, 32) => "attention_coop",
+                (4, 64) => "attention_coop (64-dim rounds)",
+                (2, 64) => "attention_coop (2 subgroups, 64-dim rounds)",
+                _ => "attention_coop (2 subgroups, 32-dim rounds)",
             };
             self.attention_coop = Some(gpu.kernel(name, &src, &[Access::Read, Access::ReadWrite])?);
         }

@@ -299,12 +299,13 @@ fn run_rows_equal_lone_on(kern: &Kernels, r: &mut StdRng, wt: TestWeights, m: us
 #[test]
 fn linear_per_row_equals_lone_rows_bit_for_bit() {
     let mut r = rng("linear_per_row");
-    // (A pass's rows with the norm go through main_m1's late variant, a step's through
-    // main_m1; main_rows from GEMV_PASS_ROWS_MIN's rows on: none by default.)
+    // (A pass's rows with the norm go through main_m1's late variant below 9 rows, a step's
+    // through main_m1; main_rows from GEMV_PASS_ROWS_MIN's rows on: 9 with the norm, 13
+    // plain, so the cases of 16 rows below take it.)
     let kern = Kernels::load(gpu()).unwrap();
     assert!(kern.gemv_m1_ln_pass.is_some(), "passes take the late LayerNorm GEMV by default");
     assert_eq!(kern.gemv_pass_rows_min, GEMV_PASS_ROWS_MIN, "main_rows from its default rows");
-    assert!(kern.gemv_pass_rows.iter().all(|k| k.is_none()), "not built while no pass takes it");
+    assert!(kern.gemv_pass_rows.iter().all(|k| k.is_some()), "both main_rows kernels built");
     run_rows_equal_lone(&mut r, TestWeights::F16, 3, 130, 45, false, false, false);
     run_rows_equal_lone(&mut r, TestWeights::F16, 5, 66, 131, true, true, true);
     run_rows_equal_lone(&mut r, TestWeights::F16, 8, 34, 77, true, false, true);
@@ -346,7 +347,8 @@ fn pass_rows_kernel_keeps_the_bits() {
 }
 
 /// Which kernel a verify pass's GEMV takes by its rows: main_rows from each variant's
-/// threshold on (the switch's; none by default, GEMV_PASS_ROWS_MIN), main_m1 below it.
+/// threshold on (GEMV_PASS_ROWS_MIN's by default: 9 rows with the norm, 13 plain; the
+/// switch's otherwise), main_m1 below it.
 #[test]
 fn pass_gemvs_take_main_rows_from_their_thresholds() {
     let g = gpu();
@@ -366,7 +368,7 @@ fn pass_gemvs_take_main_rows_from_their_thresholds() {
     };
     let mut kern = Kernels::load(g).unwrap();
     let min = gemv_pass_rows_min("9,13").unwrap();
-    (kern.gemv_pass_rows, kern.gemv_pass_rows_min) = (gemv_pass_rows_kernels(g, min).unwrap(), min);
+    assert_eq!((kern.gemv_pass_rows_min, min), (GEMV_PASS_ROWS_MIN, GEMV_PASS_ROWS_MIN), "9,13 by default");
     let [plain, with_norm] = min;
     assert_eq!(ran(&kern, with_norm - 1, true), ["gemv_m1_f16_ln_late"]);
     assert_eq!(ran(&kern, with_norm, true), ["gemv_pass_rows_f16_ln"]);
@@ -1578,16 +1580,9 @@ fn attention_coop_matches_reference() {
     let g = gpu();
     let coop = Kernels::load(g).unwrap().attention_coop.is_some();
     // Each shape of the kernel (subgroups x dims a P·V round): the shipped one and the lab's.
-    for (nsg, od, prefetch, name) in [
-        (4, 32, false, "attention_coop"),
-        (4, 32, true, "attention_coop (prefetched)"),
-        (2, 32, false, "attention_coop (2 subgroups, 32-dim rounds)"),
-        (2, 32, true, "attention_coop (2 subgroups, 32-dim rounds, prefetched)"),
-        (2, 64, false, "attention_coop (2 subgroups, 64-dim rounds)"),
-        (4, 64, false, "attention_coop (64-dim rounds)"),
-    ] {
+    for (nsg, od, name) in [(4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
         let want: Vec<&str> = if coop { vec![name, "attention_merge", "split_f16_heads"] } else { vec!["attention_blocked", "attention_merge"] };
-        let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od, prefetch).unwrap();
+        let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap();
         for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
             let mut ran = run_attention_fused_with(kern(), &mut r, t, heads);
             ran.sort_unstable();
@@ -2419,20 +2414,13 @@ fn gemm_planes_tiles_rewrite_or_refuse() {
 #[test]
 fn attention_coop_shapes_rewrite_or_refuse() {
     for (nsg, od) in [(2u32, 32u32), (2, 64), (4, 32), (4, 64)] {
-        for prefetch in [false, true] {
-            let src = super::attention_coop_source(nsg, od, prefetch).unwrap();
-            for want in [
-                format!("const NSG: u32 = {nsg}u;"),
-                format!("const OD: u32 = {od}u;"),
-                format!("@workgroup_size({})", 32 * nsg),
-                format!("const PREFETCH: bool = {prefetch};"),
-            ] {
-                assert!(src.contains(&want), "{nsg} x {od}, prefetch {prefetch}: no {want}");
-            }
+        let src = super::attention_coop_source(nsg, od).unwrap();
+        for want in [format!("const NSG: u32 = {nsg}u;"), format!("const OD: u32 = {od}u;"), format!("@workgroup_size({})", 32 * nsg)] {
+            assert!(src.contains(&want), "{nsg} x {od}: no {want}");
         }
     }
     for (nsg, od) in [(1, 32), (3, 32), (8, 32), (4, 16), (2, 48), (4, 128)] {
-        assert!(super::attention_coop_source(nsg, od, false).is_err(), "{nsg} x {od} was built");
+        assert!(super::attention_coop_source(nsg, od).is_err(), "{nsg} x {od} was built");
     }
 }
 
@@ -2459,10 +2447,7 @@ fn coop_sources_are_valid_wgsl() {
     assert!(super::GEMM_PLANES_SOURCE.contains(&format!("const CK: u32 = {}u;", super::GEMM_PLANES_CK)));
     let nsg = super::ATTENTION_COOP_QUERIES / 16;
     assert!(staged.contains(&format!("const NSG: u32 = {nsg}u;")) && staged.contains(&format!("@workgroup_size({})", 32 * nsg)));
-    let attention_variants: Vec<String> = [(2u32, 32u32, false), (2, 64, false), (4, 64, false), (4, 32, true), (2, 32, true), (4, 64, true)]
-        .iter()
-        .map(|&(n, od, f)| super::attention_coop_source(n, od, f).unwrap())
-        .collect();
+    let attention_variants: Vec<String> = [(2u32, 32u32), (2, 64), (4, 64)].iter().map(|&(n, od)| super::attention_coop_source(n, od).unwrap()).collect();
     let mut sources = vec![GEMM_COOP_SOURCE, super::GEMM_PLANES_SOURCE, lab, gemm_direct, staged, split, put4.as_str()];
     sources.extend(attention_variants.iter().map(|s| s.as_str()));
     let narrow = super::gemm_planes_narrow_source().unwrap();
