@@ -56,6 +56,11 @@ const CH: u32 = 16u; // hidden units a workgroup
 const KG: u32 = 32u; // K slices of the fc1 part (CP x KG = WG)
 const SLICES: u32 = 16u; // main_sum: chunk slices a workgroup, each output's 16 in a tree
 const MAXD: u32 = 1280u; // d_model (FFN_MAX_D in mod.rs)
+// The biases and the residual issued with the first loads rather than after the trees that
+// precede their use: b1 after fc1's slice tree, x and b2 after main_sum's chunk tree, each a
+// round trip to L2 at the end of a chain. EARLY_BIAS = false (kernels/mod.rs,
+// VERBATIM_FFN_EARLY_BIAS=0) loads them where they are used, to compare; the same bits.
+const EARLY_BIAS: bool = true;
 const FIN_ROWS: u32 = 16u; // rows a dispatch takes (VERIFY_MAX_ROWS in mod.rs)
 
 var<workgroup> xn: array<f32, MAXD>; // LayerNorm(row)
@@ -142,6 +147,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let kc = (d + KG - 1u) / KG;
     let k0 = min(d, kg * kc);
     let k1 = select(k0, min(d, k0 + kc), live);
+    // This thread's b1 pair (used by kg == 0 only; clamped where the chunk has no pair).
+    var b1e = vec2<f32>(0.0, 0.0);
+    if (EARLY_BIAS) {
+        b1e = vec2<f32>(b1[min(2u * hp, p.ffn - 2u)], b1[min(2u * hp + 1u, p.ffn - 1u)]);
+    }
     // (Sixteen: all of a slice for d up to 512, two thirds of small.en's 24.)
     let r0 = w1_word(k0, hp, k1);
     let r1 = w1_word(k0 + 1u, hp, k1);
@@ -256,7 +266,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var h = vec2<f32>(0.0, 0.0);
         if (live) {
             let z = red[cp] + red[cp + CP];
-            h = vec2<f32>(gelu(z.x + b1[2u * hp]), gelu(z.y + b1[2u * hp + 1u]));
+            var bb = b1e;
+            if (!EARLY_BIAS) {
+                bb = vec2<f32>(b1[2u * hp], b1[2u * hp + 1u]);
+            }
+            h = vec2<f32>(gelu(z.x + bb.x), gelu(z.y + bb.y));
         }
         hs[2u * cp] = h.x;
         hs[2u * cp + 1u] = h.y;
@@ -298,6 +312,13 @@ fn sum_chunks(wg: vec3<u32>, lid: u32) -> f32 {
     let c0 = min(p.chunks, sl * per);
     let c1 = min(p.chunks, c0 + per);
     let at = row * p.chunks * d + n;
+    let xi = p.x_off + row * p.x_stride + n;
+    var xe = 0.0;
+    var be = 0.0;
+    if (EARLY_BIAS) {
+        xe = x[xi];
+        be = b2[n];
+    }
     var v = 0.0;
     for (var c = c0; c < c1; c += 16u) {
         let last = c1 - 1u;
@@ -334,8 +355,11 @@ fn sum_chunks(wg: vec3<u32>, lid: u32) -> f32 {
     workgroupBarrier();
     if (sl == 0u && wg.x * 16u + o < d) {
         let t = sums[lid] + sums[lid + 16u] + sums[lid + 32u] + sums[lid + 48u];
-        let xi = p.x_off + row * p.x_stride + n;
-        let v = x[xi] + (t + b2[n]);
+        if (!EARLY_BIAS) {
+            xe = x[xi];
+            be = b2[n];
+        }
+        let v = xe + (t + be);
         x[xi] = v;
         return v;
     }

@@ -272,6 +272,11 @@ pub enum GemvM1Variant {
 /// 2026-12-04, fourth session). The arithmetic is the same; a verify pass's rows and single
 /// steps still take the same compiled kernel, so they agree bit for bit.
 pub fn gemv_m1_source(v: GemvM1Variant) -> Result<String> {
+    gemv_m1_source_with(v, merge_ahead())
+}
+
+/// [`gemv_m1_source`] with the merge's values loaded ahead (`MERGE_AHEAD`) or not.
+pub fn gemv_m1_source_with(v: GemvM1Variant, ahead: bool) -> Result<String> {
     let (ln, merge) = match v {
         GemvM1Variant::Plain => (false, false),
         GemvM1Variant::LayerNorm => (true, false),
@@ -279,14 +284,25 @@ pub fn gemv_m1_source(v: GemvM1Variant) -> Result<String> {
     };
     let ln_to = format!("fn ln_on() -> bool {{\n    return {ln};\n}}");
     let merge_to = format!("fn merge_on() -> bool {{\n    return {merge};\n}}");
-    rewrite_source(
+    let src = rewrite_source(
         "gemv_m1_source",
         GEMV_SOURCE,
         &[
             ("fn ln_on() -> bool {\n    return (p.flags & 16u) != 0u;\n}", &ln_to),
             ("fn merge_on() -> bool {\n    return (p.flags & 32u) != 0u;\n}", &merge_to),
         ],
-    )
+    )?;
+    if merge && !ahead {
+        return rewrite_source("gemv_m1_source", &src, &[("const MERGE_AHEAD: bool = true;", "const MERGE_AHEAD: bool = false;")]);
+    }
+    Ok(src)
+}
+
+/// Whether the merging GEMV loads every split's values of its row before the splits'
+/// weights (gemv.wgsl `MERGE_AHEAD`; `VERBATIM_MERGE_AHEAD=0` keeps the loop that waited
+/// on them k by k, to compare; the same bits either way).
+fn merge_ahead() -> bool {
+    std::env::var("VERBATIM_MERGE_AHEAD").map_or(true, |v| v != "0")
 }
 
 /// Which main_m1 with the LayerNorm folded in a verify pass takes
@@ -1008,7 +1024,21 @@ pub fn ffn_decode_late_source() -> Result<String> {
     workgroupBarrier();
 ";
     let late = HIDDEN_DONE.replace("    workgroupBarrier();\n", &format!("{FC2_FIRST}    workgroupBarrier();\n"));
-    rewrite_source("ffn_decode_late_source", FFN_DECODE_SOURCE, &[(FC2_FIRST, ""), (HIDDEN_DONE, &late)])
+    rewrite_source("ffn_decode_late_source", &ffn_decode_source()?, &[(FC2_FIRST, ""), (HIDDEN_DONE, &late)])
+}
+
+/// ffn_decode.wgsl with its biases and residual loaded early (`EARLY_BIAS`, shipped) or
+/// where they are used (`VERBATIM_FFN_EARLY_BIAS=0`, to compare; the same bits).
+pub fn ffn_decode_source() -> Result<String> {
+    ffn_decode_source_with(std::env::var("VERBATIM_FFN_EARLY_BIAS").map_or(true, |v| v != "0"))
+}
+
+/// [`ffn_decode_source`] with `EARLY_BIAS` as given.
+pub fn ffn_decode_source_with(early: bool) -> Result<String> {
+    if early {
+        return Ok(FFN_DECODE_SOURCE.to_string());
+    }
+    rewrite_source("ffn_decode_source", FFN_DECODE_SOURCE, &[("const EARLY_BIAS: bool = true;", "const EARLY_BIAS: bool = false;")])
 }
 
 /// main_m1 with the LayerNorm folded in, loading as `v` says.
@@ -1079,7 +1109,7 @@ fn ffn_decode_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
     use Access::{Read as R, ReadWrite as W};
     match late {
         true => gpu.kernel("ffn_decode_f16_late", &ffn_decode_late_source()?, &[W, R, R, R, R, R, R, W]),
-        false => gpu.kernel("ffn_decode_f16", FFN_DECODE_SOURCE, &[W, R, R, R, R, R, R, W]),
+        false => gpu.kernel("ffn_decode_f16", &ffn_decode_source()?, &[W, R, R, R, R, R, R, W]),
     }
 }
 
@@ -1213,11 +1243,11 @@ impl Kernels {
                 Ok("0" | "1") => None,
                 _ => Some(ffn_decode_kernel(gpu, true)?),
             },
-            ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
+            ffn_sum: gpu.kernel_entry("ffn_sum", &ffn_decode_source()?, "main_sum", &[W, R, R, R, R, R, R, W])?,
             ffn_sum_norm: match gpu.device.limits().max_storage_buffers_per_shader_stage >= 12
                 && std::env::var("VERBATIM_FINAL_NORM_FUSED").map_or(true, |v| v != "0")
             {
-                true => Some(gpu.kernel_entry("ffn_sum_norm", FFN_DECODE_SOURCE, "main_sum_norm", &[W, R, R, R, R, R, R, W, W, R, R, W])?),
+                true => Some(gpu.kernel_entry("ffn_sum_norm", &ffn_decode_source()?, "main_sum_norm", &[W, R, R, R, R, R, R, W, W, R, R, W])?),
                 false => None,
             },
             ffn_fin: gpu.buffer("ffn final-norm rows", (VERIFY_MAX_ROWS + VERIFY_MAX_ROWS * FFN_MAX_D) as u64 * 4)?,

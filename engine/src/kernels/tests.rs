@@ -485,9 +485,32 @@ fn offset_rows(r: &mut StdRng, len: usize, m: usize, d: usize, off: usize, strid
     (buf, x)
 }
 
+/// Kernels whose feed-forward kernels load their biases and residual where they are used
+/// (ffn_decode.wgsl `EARLY_BIAS = false`), to hold the shipped early loads to their bits.
+fn kernels_with_late_bias(g: &Gpu) -> Kernels {
+    use Access::{Read as R, ReadWrite as W};
+    let mut k = Kernels::load(g).unwrap();
+    let late = |src: &str| {
+        let out = rewrite_source("late bias", src, &[("const EARLY_BIAS: bool = true;", "const EARLY_BIAS: bool = false;")]).unwrap();
+        assert!(out.contains("const EARLY_BIAS: bool = false;"));
+        out
+    };
+    let (main, pass) = (late(FFN_DECODE_SOURCE), late(&ffn_decode_late_source().unwrap()));
+    k.ffn_decode = g.kernel("ffn_decode_late_bias", &main, &[W, R, R, R, R, R, R, W]).unwrap();
+    if k.ffn_decode_pass.is_some() {
+        k.ffn_decode_pass = Some(g.kernel("ffn_decode_pass_late_bias", &pass, &[W, R, R, R, R, R, R, W]).unwrap());
+    }
+    k.ffn_sum = g.kernel_entry("ffn_sum_late_bias", &main, "main_sum", &[W, R, R, R, R, R, R, W]).unwrap();
+    if k.ffn_sum_norm.is_some() {
+        k.ffn_sum_norm = Some(g.kernel_entry("ffn_sum_norm_late_bias", &main, "main_sum_norm", &[W, R, R, R, R, R, R, W, W, R, R, W]).unwrap());
+    }
+    k
+}
+
 fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
     let g = gpu();
     let kern = Kernels::load(g).unwrap();
+    let late_bias = kernels_with_late_bias(g);
     let (off, stride) = (5, d + 3);
     let case = FfnCase::new(g, r, d, ffn);
     let what = format!("m={m} d={d} ffn={ffn}");
@@ -522,6 +545,15 @@ fn run_ffn_decode(r: &mut StdRng, m: usize, d: usize, ffn: usize) {
         let e = rel_err(&rows, &want);
         assert!(e < 1e-5, "{what}, round {round}: rel err {e}");
         let normed = g.read_f32(&xn, 0, xn_len).unwrap();
+        // The same rows with the biases and residual loaded where they are used.
+        let xl = g.upload_f32("x, late bias", &buf).unwrap();
+        let xnl = poisoned();
+        let mut rec = g.recorder();
+        case.run(&late_bias, &mut rec, Rows::at(&xl, off, stride), m, fused.then(|| (fin_norm(), &xnl)), round == 1);
+        rec.submit(None).unwrap();
+        let (got_l, normed_l) = (g.read_f32(&xl, 0, len).unwrap(), g.read_f32(&xnl, 0, xn_len).unwrap());
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same(&got, &got_l) && same(&normed, &normed_l), "{what}, round {round}: early and late bias loads differ");
         if fused {
             let want = ops::layer_norm(&rows, m, d, &fg, &fb, 1e-5);
             let e = rel_err(&normed[..m * d], &want);
@@ -1738,7 +1770,7 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
     let bb = g.upload_f32("b", &b).unwrap();
     let unused = poisoned(tq * hd);
     let ep = Epilogue { gelu: false, accumulate };
-    let run = |rows: std::ops::Range<usize>, pass: bool| -> Vec<f32> {
+    let run_with = |kern: &Kernels, rows: std::ops::Range<usize>, pass: bool| -> Vec<f32> {
         let m = rows.len();
         let yb = poisoned(m * n);
         if accumulate {
@@ -1762,7 +1794,18 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
         rec.submit(None).unwrap();
         g.read_f32(&yb, 0, m * n).unwrap()
     };
+    let run = |rows: std::ops::Range<usize>, pass: bool| run_with(&kern, rows, pass);
     let got = run(0..tq, true);
+    // The merge's values loaded ahead (MERGE_AHEAD, shipped) and in its loop: the same bits.
+    let mut looped = Kernels::load(g).unwrap();
+    let src = super::gemv_m1_source_with(GemvM1Variant::Merge, false).unwrap();
+    assert!(src.contains("const MERGE_AHEAD: bool = false;"), "merge loop not rewritten");
+    {
+        use Access::{Read as R, ReadWrite as W};
+        looped.gemv_m1[GemvM1Variant::Merge as usize] = g.kernel_entry("gemv_m1_f16_merge_loop", &src, "main_m1", &[R, R, R, R, R, W]).unwrap();
+    }
+    let by_loop = run_with(&looped, 0..tq, true);
+    assert!(by_loop.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "merge ahead against its loop differ, tq={tq} tk={tk} h={heads}");
     let att = ops::attention(&q, &k, &v, tq, tk, heads, d, None);
     let mut want = ops::linear(&att, tq, hd, &w, n, bias.then_some(&b[..]));
     epilogue_ref(&mut want, false, accumulate, &y0);
@@ -1779,6 +1822,8 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
 fn attention_merged_into_the_projection_matches_reference() {
     let mut r = rng("attention_merged");
     run_merged(&mut r, 1, 1500, 6, 64, 384, true, true);
+    // small.en's row (12 heads): each thread's third element of the row in use.
+    run_merged(&mut r, 2, 1500, 12, 64, 70, true, false);
     run_merged(&mut r, 3, 530, 2, 20, 46, false, false);
     run_merged(&mut r, 8, 300, 4, 16, 66, true, false);
     // A verify pass's most rows (past the prompt GEMV's eight).
