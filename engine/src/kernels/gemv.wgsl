@@ -51,58 +51,15 @@ fn merge_on() -> bool {
     return (p.flags & 32u) != 0u;
 }
 
-// Flag 32, rows up to 3 WG wide (tiny.en to small.en) and up to eight splits: a thread's
-// elements k = lid, lid + WG, lid + 2 WG of the row, each split's value (split indices
-// clamped to the last, k to the row: always in bounds), loaded before the splits' weights
-// so that the whole merge waits on memory once. The loop below it loaded four splits, then
-// the tail's splits one at a time, for each k in turn: nine round trips for a small.en row
-// (cross_out 8.6 us a layer in a step against self_out's 5.0, RESULTS.md 2026-12-06).
-// MERGE_AHEAD = false (kernels/mod.rs, VERBATIM_MERGE_AHEAD=0) keeps the loop, to compare.
-const MERGE_AHEAD: bool = true;
-struct Parts8 {
-    a: vec4<f32>,
-    b: vec4<f32>,
-}
-
-fn parts8(k: u32, row: u32, heads: u32, hd: u32, ns: u32, ps: u32) -> Parts8 {
-    let kk = min(k, p.k - 1u);
-    let b = p.x_off + (row * heads + kk / hd) * ns * ps + 2u + kk % hd;
-    let last = ns - 1u;
-    return Parts8(
-        vec4<f32>(x[b], x[b + min(1u, last) * ps], x[b + min(2u, last) * ps], x[b + min(3u, last) * ps]),
-        vec4<f32>(x[b + min(4u, last) * ps], x[b + min(5u, last) * ps], x[b + min(6u, last) * ps], x[b + min(7u, last) * ps]),
-    );
-}
-
-// Element k from its splits' values: the loop's fmas in the loop's order (the same bits).
-fn merged8(v8: Parts8, k: u32, hd: u32, ns: u32) {
-    if (k < p.k) {
-        let wb = (k / hd) * ns;
-        var v = fma(mw[wb], v8.a.x, 0.0);
-        if (1u < ns) { v = fma(mw[wb + 1u], v8.a.y, v); }
-        if (2u < ns) { v = fma(mw[wb + 2u], v8.a.z, v); }
-        if (3u < ns) { v = fma(mw[wb + 3u], v8.a.w, v); }
-        if (4u < ns) { v = fma(mw[wb + 4u], v8.b.x, v); }
-        if (5u < ns) { v = fma(mw[wb + 5u], v8.b.y, v); }
-        if (6u < ns) { v = fma(mw[wb + 6u], v8.b.z, v); }
-        if (7u < ns) { v = fma(mw[wb + 7u], v8.b.w, v); }
-        xm[k] = v;
-    }
-}
-
 // Flag 32: the attention output row `row` (K = heads x merge_hd values) from the partials
 // (m, l, sum of p v) at ((row heads + h) splits + s) (merge_hd + 2), into `xm`: the
-// splits' weights first (one thread per head), then the weighted sums (the values loaded
-// ahead, above, or in a loop that issues four splits' loads together).
+// splits' weights first (one thread per head), then the weighted sums, four splits' loads
+// issued together.
 fn merge_row(row: u32, lid: u32) {
     let ns = p.merge_splits;
     let hd = p.merge_hd;
     let ps = hd + 2u;
     let heads = p.k / hd;
-    let ahead = MERGE_AHEAD && ns <= 8u && p.k <= 3u * WG;
-    let va = parts8(lid, row, heads, hd, ns, ps);
-    let vb = parts8(lid + WG, row, heads, hd, ns, ps);
-    let vc = parts8(lid + 2u * WG, row, heads, hd, ns, ps);
     if (lid < heads && ns <= 8u) {
         // Up to eight splits (Whisper's 1500 frames are six): every split's m and l loaded
         // at once (split indices clamped to the last), then the loop's arithmetic below, the
@@ -168,13 +125,6 @@ fn merge_row(row: u32, lid: u32) {
         }
     }
     workgroupBarrier();
-    if (ahead) {
-        merged8(va, lid, hd, ns);
-        merged8(vb, lid + WG, hd, ns);
-        merged8(vc, lid + 2u * WG, hd, ns);
-        workgroupBarrier();
-        return;
-    }
     for (var k = lid; k < p.k; k += WG) {
         let h = k / hd;
         let b = p.x_off + (row * heads + h) * ns * ps + 2u + k % hd;

@@ -272,11 +272,6 @@ pub enum GemvM1Variant {
 /// 2026-12-04, fourth session). The arithmetic is the same; a verify pass's rows and single
 /// steps still take the same compiled kernel, so they agree bit for bit.
 pub fn gemv_m1_source(v: GemvM1Variant) -> Result<String> {
-    gemv_m1_source_with(v, merge_ahead())
-}
-
-/// [`gemv_m1_source`] with the merge's values loaded ahead (`MERGE_AHEAD`) or not.
-pub fn gemv_m1_source_with(v: GemvM1Variant, ahead: bool) -> Result<String> {
     let (ln, merge) = match v {
         GemvM1Variant::Plain => (false, false),
         GemvM1Variant::LayerNorm => (true, false),
@@ -284,25 +279,14 @@ pub fn gemv_m1_source_with(v: GemvM1Variant, ahead: bool) -> Result<String> {
     };
     let ln_to = format!("fn ln_on() -> bool {{\n    return {ln};\n}}");
     let merge_to = format!("fn merge_on() -> bool {{\n    return {merge};\n}}");
-    let src = rewrite_source(
+    rewrite_source(
         "gemv_m1_source",
         GEMV_SOURCE,
         &[
             ("fn ln_on() -> bool {\n    return (p.flags & 16u) != 0u;\n}", &ln_to),
             ("fn merge_on() -> bool {\n    return (p.flags & 32u) != 0u;\n}", &merge_to),
         ],
-    )?;
-    if merge && !ahead {
-        return rewrite_source("gemv_m1_source", &src, &[("const MERGE_AHEAD: bool = true;", "const MERGE_AHEAD: bool = false;")]);
-    }
-    Ok(src)
-}
-
-/// Whether the merging GEMV loads every split's values of its row before the splits'
-/// weights (gemv.wgsl `MERGE_AHEAD`; `VERBATIM_MERGE_AHEAD=0` keeps the loop that waited
-/// on them k by k, to compare; the same bits either way).
-fn merge_ahead() -> bool {
-    std::env::var("VERBATIM_MERGE_AHEAD").map_or(true, |v| v != "0")
+    )
 }
 
 /// Which main_m1 with the LayerNorm folded in a verify pass takes
