@@ -6,7 +6,6 @@
 //! every submit / readback checks it, so a failure becomes an [`Error`] value at the next
 //! call instead of a panic in a callback.
 
-mod nontemporal;
 pub mod pipeline_stats;
 mod recorder;
 #[cfg(not(target_vendor = "apple"))]
@@ -48,9 +47,6 @@ pub struct GpuOptions {
 pub enum Access {
     Read,
     ReadWrite,
-    /// Read only, and every load through it marked Nontemporal in the kernel's SPIR-V
-    /// (`nontemporal.rs`), where the device takes passthrough SPIR-V (else as `Read`).
-    Stream,
 }
 
 /// A compiled compute kernel: its pipeline and the explicit bind-group layout built from its
@@ -151,9 +147,7 @@ fn features_wanted(adapter: &wgpu::Adapter) -> wgpu::Features {
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
         // (only the kernel lab's immediates row: on the H200 push constants were no faster
         // than a parameter block per dispatch, bench/RESULTS.md 2026-12-04)
-        | wgpu::Features::IMMEDIATES
-        // (kernels with `Access::Stream` bindings: their SPIR-V patched, nontemporal.rs)
-        | wgpu::Features::PASSTHROUGH_SHADERS;
+        | wgpu::Features::IMMEDIATES;
     if coop_matrix_usable(adapter) {
         f |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
@@ -393,33 +387,6 @@ impl Gpu {
         self.kernel_entry_with(name, source, entry, bindings, 0)
     }
 
-    /// The SPIR-V of a kernel with [`Access::Stream`] bindings, their loads marked
-    /// Nontemporal (`nontemporal.rs`), where the device takes passthrough modules; None where
-    /// it has no such binding or the device cannot (the kernel is then compiled as usual and
-    /// its stream bindings read as any other).
-    #[cfg(not(target_vendor = "apple"))]
-    fn stream_spirv(&self, name: &'static str, source: &str, entry: &str, bindings: &[Access], immediate_size: u32) -> Result<Option<Vec<u32>>> {
-        if !bindings.contains(&Access::Stream) || !self.device.features().contains(wgpu::Features::PASSTHROUGH_SHADERS) {
-            return Ok(None);
-        }
-        let Some((api_version, native_zero)) = pipeline_stats::spirv_target(&self.device) else {
-            return Ok(None);
-        };
-        let src = pipeline_stats::KernelSource {
-            name,
-            source: source.to_string(),
-            entry: entry.to_string(),
-            bindings: bindings.to_vec(),
-            immediate_size,
-        };
-        pipeline_stats::spirv(&src, api_version, self.info.shader_checks, native_zero).map(Some)
-    }
-
-    #[cfg(target_vendor = "apple")]
-    fn stream_spirv(&self, _: &'static str, _: &str, _: &str, _: &[Access], _: u32) -> Result<Option<Vec<u32>>> {
-        Ok(None)
-    }
-
     /// As [`Gpu::kernel_entry`], with `immediate_size` bytes of immediate data (Vulkan push
     /// constants, `var<immediate>` in WGSL; the device needs `Features::IMMEDIATES`) in its
     /// pipeline layout. Binding 0 stays in the layout whether the shader reads it or not.
@@ -439,19 +406,7 @@ impl Gpu {
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) };
-        let module = if let Some(words) = self.stream_spirv(name, source, entry, bindings, immediate_size)? {
-            let entries = [wgpu::PassthroughShaderEntryPoint { name: entry.into(), workgroup_size: (0, 0, 0) }];
-            let desc = wgpu::ShaderModuleDescriptorPassthrough {
-                label: Some(name),
-                entry_points: (&entries[..]).into(),
-                spirv: Some(words.into()),
-                ..Default::default()
-            };
-            // SAFETY: the SPIR-V is what wgpu-hal would write for this kernel (naga, its
-            // options for this device) with only the Nontemporal operands added; the layout
-            // below is the one the WGSL declares, as for every kernel.
-            unsafe { self.device.create_shader_module_passthrough(desc) }
-        } else if self.info.shader_checks {
+        let module = if self.info.shader_checks {
             self.device.create_shader_module(desc)
         } else {
             // SAFETY: the source is one of the engine's own kernels (or the kernel lab's
@@ -474,7 +429,7 @@ impl Gpu {
                 binding: i as u32 + 1,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage { read_only: *a != Access::ReadWrite },
+                    ty: wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
                     has_dynamic_offset: false,
                     min_binding_size: None,
                 },

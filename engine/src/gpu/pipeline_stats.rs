@@ -15,7 +15,7 @@
 
 use super::Access;
 #[cfg(not(target_vendor = "apple"))]
-pub(super) use vulkan::{layout_bindings, open_device, report, spirv, spirv_target};
+pub(super) use vulkan::{layout_bindings, open_device, report, spirv};
 
 /// A kernel as `Gpu::kernel_entry_with` compiled it: enough to compile it again.
 #[derive(Clone, Debug)]
@@ -75,7 +75,7 @@ mod vulkan {
     use wgpu::hal::api::Vulkan;
     use wgpu::naga;
 
-    use super::{Access, Executable, KernelReport, KernelSource, Statistic};
+    use super::{Executable, KernelReport, KernelSource, Statistic};
     use crate::{Error, Result};
 
     const EXTENSION: &CStr = ash::khr::pipeline_executable_properties::NAME;
@@ -165,33 +165,7 @@ mod vulkan {
             binding_array: unchecked,
         };
         let stage = spv::PipelineOptions { entry_point: src.entry.clone(), shader_stage: naga::ShaderStage::Compute };
-        let mut words = spv::write_vec(&module, &info, &options, Some(&stage)).map_err(|e| bad("SPIR-V", e.to_string()))?;
-        let stream: Vec<u32> = (1..).zip(&src.bindings).filter(|(_, a)| **a == Access::Stream).map(|(b, _)| b).collect();
-        if !stream.is_empty() {
-            crate::gpu::nontemporal::mark_loads(&mut words, &stream)?;
-        }
-        Ok(words)
-    }
-
-    /// What [`spirv`] needs to know of `device`, as wgpu-hal reads it: the Vulkan API version
-    /// and whether workgroup memory is zeroed natively (Vulkan 1.3 or the extension, and the
-    /// feature; else naga's polyfill). None on a device that is not Vulkan's.
-    pub(in crate::gpu) fn spirv_target(device: &wgpu::Device) -> Option<(u32, bool)> {
-        // SAFETY: queries on the device's own physical device; nothing of wgpu's is touched.
-        let hal = unsafe { device.as_hal::<Vulkan>() }?;
-        let instance = hal.shared_instance().raw_instance();
-        let phys = hal.raw_physical_device();
-        // SAFETY: as above.
-        let api_version = unsafe { instance.get_physical_device_properties(phys) }.api_version;
-        let has_ext = hal.enabled_device_extensions().contains(&ash::khr::zero_initialize_workgroup_memory::NAME);
-        let native_zero = (api_version >= vk::API_VERSION_1_3 || has_ext) && {
-            let mut zero = vk::PhysicalDeviceZeroInitializeWorkgroupMemoryFeatures::default();
-            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut zero);
-            // SAFETY: a query with a valid chain.
-            unsafe { instance.get_physical_device_features2(phys, &mut f2) };
-            zero.shader_zero_initialize_workgroup_memory != 0
-        };
-        Some((api_version, native_zero))
+        spv::write_vec(&module, &info, &options, Some(&stage)).map_err(|e| bad("SPIR-V", e.to_string()))
     }
 
     /// A kernel's set layout as `Gpu::kernel_entry_with` builds it: the parameter block at

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use ash::vk;
 use wgpu::hal::api::Vulkan;
 
-use super::pipeline_stats::{layout_bindings, spirv, spirv_target, KernelSource};
+use super::pipeline_stats::{layout_bindings, spirv, KernelSource};
 use super::recorder::Signature;
 use super::Kernel;
 use crate::{Error, Result};
@@ -157,9 +157,22 @@ impl Replayer {
         let raw = hal.raw_device().clone();
         let queue = hal.raw_queue();
         let family = hal.queue_family_index();
+        let instance = hal.shared_instance().raw_instance();
+        let phys = hal.raw_physical_device();
+        // SAFETY: queries on the device's own physical device.
+        let api_version = unsafe { instance.get_physical_device_properties(phys) }.api_version;
+        // wgpu zeroes workgroup memory natively where the driver offers it (1.3 or the
+        // extension, and the feature), else by a polyfill; the same here.
+        let has_ext = hal.enabled_device_extensions().contains(&ash::khr::zero_initialize_workgroup_memory::NAME);
+        let native_zero = (api_version >= vk::API_VERSION_1_3 || has_ext) && {
+            let mut zero = vk::PhysicalDeviceZeroInitializeWorkgroupMemoryFeatures::default();
+            let mut f2 = vk::PhysicalDeviceFeatures2::default().push_next(&mut zero);
+            // SAFETY: a query with a valid chain.
+            unsafe { instance.get_physical_device_features2(phys, &mut f2) };
+            zero.shader_zero_initialize_workgroup_memory != 0
+        };
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         drop(hal);
-        let (api_version, native_zero) = spirv_target(device).ok_or_else(|| Error::Unsupported("replay needs a Vulkan device".into()))?;
         // SAFETY: a pool on the device's queue family.
         let cmd_pool = unsafe {
             raw.create_command_pool(

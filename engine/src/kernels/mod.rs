@@ -1087,45 +1087,6 @@ const GEMV_PASS_ROWS: u32 = 4;
 /// 0.0775-0.0838; the 20 samples equal faster-whisper.
 const GEMV_PASS_ROWS_MIN: [u32; 2] = [13, 9];
 
-/// Whether the logits' table is read with loads marked Nontemporal
-/// (`VERBATIM_LOGITS_STREAM=1`; gpu/nontemporal.rs says why): a probe, off by default until
-/// a device says whether the driver keeps the layers in L2 for it.
-fn logits_stream_wanted() -> bool {
-    std::env::var("VERBATIM_LOGITS_STREAM").is_ok_and(|v| v == "1")
-}
-
-/// gemv_rows.wgsl's `main` (the logits of a step) as [plain, with the LayerNorm], its table
-/// (binding 2) streamed where `stream` ([`Access::Stream`]).
-fn gemv_rows_kernels(gpu: &Gpu, stream: bool) -> Result<[Arc<Kernel>; 2]> {
-    use Access::{Read as R, ReadWrite as W};
-    let table = if stream { Access::Stream } else { R };
-    let branchless = branchless_loads_wanted();
-    let (plain, ln) = match (branchless, stream) {
-        (true, false) => ("gemv_rows_f16", "gemv_rows_f16_ln"),
-        (true, true) => ("gemv_rows_f16_stream", "gemv_rows_f16_ln_stream"),
-        (false, false) => ("gemv_rows_f16_branchy", "gemv_rows_f16_ln_branchy"),
-        (false, true) => ("gemv_rows_f16_branchy_stream", "gemv_rows_f16_ln_branchy_stream"),
-    };
-    Ok([
-        gpu.kernel(plain, &gemv_rows_source(false, branchless)?, &[R, table, R, R, R, W])?,
-        gpu.kernel(ln, &gemv_rows_source(true, branchless)?, &[R, table, R, R, R, W])?,
-    ])
-}
-
-/// gemv_rows.wgsl's `main_rows` (a verify pass's logits), its table streamed where `stream`.
-fn gemv_rows_shared_kernel(gpu: &Gpu, stream: bool) -> Result<Arc<Kernel>> {
-    use Access::{Read as R, ReadWrite as W};
-    let table = if stream { Access::Stream } else { R };
-    let branchless = branchless_loads_wanted();
-    let name = match (branchless, stream) {
-        (true, false) => "gemv_rows_f16_shared",
-        (true, true) => "gemv_rows_f16_shared_stream",
-        (false, false) => "gemv_rows_f16_shared_branchy",
-        (false, true) => "gemv_rows_f16_shared_branchy_stream",
-    };
-    gpu.kernel_entry(name, &gemv_rows_source(false, branchless)?, "main_rows", &[R, table, R, R, R, W])
-}
-
 /// The feed-forward chunk kernel: ffn_decode.wgsl's `main`, or with `late` the same from
 /// [`ffn_decode_late_source`].
 fn ffn_decode_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
@@ -1222,10 +1183,23 @@ impl Kernels {
                 &gemv_stream_source(gemv_stream_slices(&gpu.device.limits()))?,
                 &[R, R, R, R, R, W],
             )?,
-            gemv_rows: gemv_rows_kernels(gpu, logits_stream_wanted())?,
+            gemv_rows: {
+                let branchless = branchless_loads_wanted();
+                let (plain, ln) = if branchless { ("gemv_rows_f16", "gemv_rows_f16_ln") } else { ("gemv_rows_f16_branchy", "gemv_rows_f16_ln_branchy") };
+                [
+                    gpu.kernel(plain, &gemv_rows_source(false, branchless)?, &[R, R, R, R, R, W])?,
+                    gpu.kernel(ln, &gemv_rows_source(true, branchless)?, &[R, R, R, R, R, W])?,
+                ]
+            },
             gemv_rows_shared: match std::env::var("VERBATIM_LOGITS_LAYERS").is_ok_and(|v| !v.is_empty() && v != "0") {
                 true => None,
-                false => Some(gemv_rows_shared_kernel(gpu, logits_stream_wanted())?),
+                false => {
+                    let (name, branchless) = match branchless_loads_wanted() {
+                        true => ("gemv_rows_f16_shared", true),
+                        false => ("gemv_rows_f16_shared_branchy", false),
+                    };
+                    Some(gpu.kernel_entry(name, &gemv_rows_source(false, branchless)?, "main_rows", &[R, R, R, R, R, W])?)
+                }
             },
             gemv_wide_min_bytes: match std::env::var("VERBATIM_GEMV_WIDE_MIN_BYTES") {
                 Ok(v) if !v.is_empty() => v.parse().map_err(|_| Error::Invalid(format!("VERBATIM_GEMV_WIDE_MIN_BYTES={v}: a byte count")))?,
