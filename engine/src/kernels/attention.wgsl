@@ -1067,11 +1067,41 @@ fn main_split_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
 
 // Query qi, head h merged over its splits: output dimensions lid and lid + 64 (lanes past d
 // read dimension d - 1 and drop it).
+// Up to four splits (the encoder's attention_coop takes four): every split's m, l and this
+// thread's two values loaded at once (split indices clamped to the last: a copy of a split
+// leaves the max as it is and is not added), then the loops' arithmetic below. The loops
+// load the maxima, then the rest: two round trips. MERGE_ONE_TRIP = false (kernels/mod.rs,
+// VERBATIM_MERGE_ONE_TRIP=0) keeps them, to compare; the same words.
+const MERGE_ONE_TRIP: bool = true;
+
 fn merged(qi: u32, h: u32, lid: u32) -> vec2<f32> {
     let d = p.d;
     let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
     let ps = d + 2u;
     let base = (qi * p.heads + h) * n_splits * ps;
+    if (MERGE_ONE_TRIP && n_splits <= 4u) {
+        let last = n_splits - 1u;
+        let pb = vec4<u32>(base, base + min(1u, last) * ps, base + min(2u, last) * ps, base + min(3u, last) * ps);
+        let c0 = min(lid, d - 1u) + 2u;
+        let c1 = min(lid + 64u, d - 1u) + 2u;
+        let m = vec4<f32>(q[pb.x], q[pb.y], q[pb.z], q[pb.w]);
+        let ls = vec4<f32>(q[pb.x + 1u], q[pb.y + 1u], q[pb.z + 1u], q[pb.w + 1u]);
+        let a = vec4<f32>(q[pb.x + c0], q[pb.y + c0], q[pb.z + c0], q[pb.w + c0]);
+        let b = vec4<f32>(q[pb.x + c1], q[pb.y + c1], q[pb.z + c1], q[pb.w + c1]);
+        let mx = max(max(max(max(NEG, m.x), m.y), m.z), m.w);
+        var l = 0.0;
+        var acc0 = 0.0;
+        var acc1 = 0.0;
+        for (var i = 0u; i < 4u; i++) {
+            if (i < n_splits && ls[i] > 0.0) {
+                let w = exp(m[i] - mx);
+                l += ls[i] * w;
+                acc0 = fma(a[i], w, acc0);
+                acc1 = fma(b[i], w, acc1);
+            }
+        }
+        return vec2<f32>(acc0 / l, acc1 / l);
+    }
     // Four splits per round, their loads issued together (a loop of single loads waits for
     // each); the splits are combined in order, as one at a time would.
     var mx = NEG;

@@ -51,3 +51,31 @@ fn row_stats(xb: u32, cols: u32, eps: f32, lid: u32) -> vec2<f32> {
     }
     return vec2<f32>(mean, inverseSqrt(reduce_sum(q, lid) / f32(cols) + eps));
 }
+
+// row_stats for rows of at most 6 ROW_WG elements (d_model up to 768: tiny.en to small.en)
+// with thread lid's elements lid + ROW_WG i loaded once, all before the first is added
+// (addresses clamped to the row's last element, whose copies are not added): the loop
+// above waits on a load a round, and loads the row again for the variance. The same sums
+// in the same order.
+fn row_stats6(xb: u32, cols: u32, eps: f32, lid: u32) -> vec2<f32> {
+    let last = xb + cols - 1u;
+    let a = vec3<f32>(row_x(min(xb + lid, last)), row_x(min(xb + lid + ROW_WG, last)), row_x(min(xb + lid + 2u * ROW_WG, last)));
+    let b = vec3<f32>(row_x(min(xb + lid + 3u * ROW_WG, last)), row_x(min(xb + lid + 4u * ROW_WG, last)), row_x(min(xb + lid + 5u * ROW_WG, last)));
+    let on = lid < ROW_WG;
+    var s = 0.0;
+    if (on && lid < cols) { s += a.x; }
+    if (on && lid + ROW_WG < cols) { s += a.y; }
+    if (on && lid + 2u * ROW_WG < cols) { s += a.z; }
+    if (on && lid + 3u * ROW_WG < cols) { s += b.x; }
+    if (on && lid + 4u * ROW_WG < cols) { s += b.y; }
+    if (on && lid + 5u * ROW_WG < cols) { s += b.z; }
+    let mean = reduce_sum(s, lid) / f32(cols);
+    var q = 0.0;
+    if (on && lid < cols) { let d = a.x - mean; q += d * d; }
+    if (on && lid + ROW_WG < cols) { let d = a.y - mean; q += d * d; }
+    if (on && lid + 2u * ROW_WG < cols) { let d = a.z - mean; q += d * d; }
+    if (on && lid + 3u * ROW_WG < cols) { let d = b.x - mean; q += d * d; }
+    if (on && lid + 4u * ROW_WG < cols) { let d = b.y - mean; q += d * d; }
+    if (on && lid + 5u * ROW_WG < cols) { let d = b.z - mean; q += d * d; }
+    return vec2<f32>(mean, inverseSqrt(reduce_sum(q, lid) / f32(cols) + eps));
+}

@@ -149,9 +149,92 @@ fn norm_row(wg: vec3<u32>, lid: u32) -> NormRow {
     return r;
 }
 
+// Rows of at most 6 ROW_WG columns (tiny.en to small.en): every load of a row issued before
+// its statistics are summed, the statistics from registers (row_stats6) and the output
+// pairs' x, gamma and beta already loaded; otherwise (norm_row, norm_pair) each loop waits
+// on a round trip a round: ~10 in a row for tiny.en, 8.4 us a layernorm_planes on the H100
+// for 0.6 us of bytes. The same arithmetic: the same words. NORM_AHEAD = false
+// (kernels/mod.rs, VERBATIM_NORM_AHEAD=0) keeps the loops, to compare.
+const NORM_AHEAD: bool = true;
+
+// Pair j of the output (clamped to the row's last) of the row at xb: x, gamma, beta.
+struct PairIn {
+    x: vec2<f32>,
+    g: vec2<f32>,
+    b: vec2<f32>,
+}
+
+fn pair_in(xb: u32, j: u32, half_cols: u32) -> PairIn {
+    let c = 2u * min(j, half_cols - 1u);
+    return PairIn(vec2<f32>(x[xb + c], x[xb + c + 1u]), vec2<f32>(gamma[c], gamma[c + 1u]), vec2<f32>(beta[c], beta[c + 1u]));
+}
+
+// Pair q normalised: norm_pair's expression.
+fn normed(q: PairIn, st: vec2<f32>) -> vec2<f32> {
+    return vec2<f32>((q.x.x - st.x) * st.y * q.g.x + q.b.x, (q.x.y - st.x) * st.y * q.g.y + q.b.y);
+}
+
+// A row as NORM_AHEAD takes it: its output pairs lid + ROW_WG i (i < 3) loaded, then its
+// statistics; padding rows written as zeros here and returned not live.
+struct AheadRow {
+    live: bool,
+    row: u32,
+    ob: u32,
+    plane: u32,
+    half_cols: u32,
+    st: vec2<f32>,
+    q0: PairIn,
+    q1: PairIn,
+    q2: PairIn,
+}
+
+fn ahead_row(wg: vec3<u32>, lid: u32) -> AheadRow {
+    var r: AheadRow;
+    r.row = wg.x + wg.y * 32768u;
+    if (r.row >= p.rows_pad) {
+        return r;
+    }
+    r.half_cols = p.cols / 2u;
+    r.plane = p.rows_pad * r.half_cols;
+    r.ob = r.row * r.half_cols;
+    if (r.row >= p.rows) {
+        for (var j = lid; j < r.half_cols; j += ROW_WG) {
+            out[r.ob + j] = 0u;
+            out[r.plane + r.ob + j] = 0u;
+        }
+        return r;
+    }
+    let xb = p.x_off + r.row * p.x_stride;
+    r.q0 = pair_in(xb, lid, r.half_cols);
+    r.q1 = pair_in(xb, lid + ROW_WG, r.half_cols);
+    r.q2 = pair_in(xb, lid + 2u * ROW_WG, r.half_cols);
+    r.st = row_stats6(xb, p.cols, p.eps, lid);
+    r.live = true;
+    return r;
+}
+
+// Pair j of the row (its inputs q) normalised into the planes, where the row has it.
+fn put_ahead(r: AheadRow, j: u32, q: PairIn) {
+    if (j < r.half_cols) {
+        let v = normed(q, r.st);
+        let w = split_pair(v.x, v.y);
+        out[r.ob + j] = w.x;
+        out[r.plane + r.ob + j] = w.y;
+    }
+}
+
 // One workgroup per row of the padded planes (rows_pad of them; x_stride is the row width).
 @compute @workgroup_size(128)
 fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    if (NORM_AHEAD && p.cols <= 6u * ROW_WG) {
+        let r = ahead_row(wg, lid);
+        if (r.live) {
+            put_ahead(r, lid, r.q0);
+            put_ahead(r, lid + ROW_WG, r.q1);
+            put_ahead(r, lid + 2u * ROW_WG, r.q2);
+        }
+        return;
+    }
     let r = norm_row(wg, lid);
     if (!r.live) {
         return;
@@ -169,8 +252,29 @@ fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // planes the cross K|V GEMM reads (one dispatch instead of a LayerNorm and a split).
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
+// put_ahead, also writing the pair into the f32 rows.
+fn put_ahead_out(r: AheadRow, j: u32, q: PairIn) {
+    if (j < r.half_cols) {
+        let v = normed(q, r.st);
+        y[r.row * p.cols + 2u * j] = v.x;
+        y[r.row * p.cols + 2u * j + 1u] = v.y;
+        let w = split_pair(v.x, v.y);
+        out[r.ob + j] = w.x;
+        out[r.plane + r.ob + j] = w.y;
+    }
+}
+
 @compute @workgroup_size(128)
 fn main_norm_rows_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    if (NORM_AHEAD && p.cols <= 6u * ROW_WG) {
+        let r = ahead_row(wg, lid);
+        if (r.live) {
+            put_ahead_out(r, lid, r.q0);
+            put_ahead_out(r, lid + ROW_WG, r.q1);
+            put_ahead_out(r, lid + 2u * ROW_WG, r.q2);
+        }
+        return;
+    }
     let r = norm_row(wg, lid);
     if (!r.live) {
         return;

@@ -1227,7 +1227,15 @@ fn layer_norm_into_planes_matches_layer_norm_rows() {
     let mut r = rng("layer_norm_planes");
     let g = gpu();
     let mut kern = Kernels::load(g).unwrap();
-    for &(rows, cols, off) in &[(7usize, 82usize, 0usize), (70, 384, 3 * 384), (3, 1030, 5)] {
+    // The same LayerNorms with the loads in loops (NORM_AHEAD = false): the same words.
+    let mut looped = Kernels::load(g).unwrap();
+    {
+        use Access::{Read as R, ReadWrite as W};
+        let src = split_norm_source(false).unwrap();
+        assert!(src.contains("const NORM_AHEAD: bool = false;"));
+        looped.norm_planes = g.kernel_entry("layernorm_planes_looped", &src, "main_norm_rows", &[R, W, R, R]).unwrap();
+    }
+    for &(rows, cols, off) in &[(7usize, 82usize, 0usize), (70, 384, 3 * 384), (3, 1030, 5), (5, 768, 1), (4, 766, 2)] {
         let rows_pad = rows.next_multiple_of(64);
         let x: Vec<f32> = rand_vec(&mut r, off + rows * cols, 2.0).iter().map(|v| v + 7.0).collect();
         let gm = rand_vec(&mut r, cols, 1.5);
@@ -1246,6 +1254,12 @@ fn layer_norm_into_planes_matches_layer_norm_rows() {
         let e = rel_err(&rows_f32, &want);
         assert!(e < 1e-5, "layer_norm {rows}x{cols}: rel err {e}");
         let got = plane_words(&out, 0, 2 * words);
+        let out_looped = g.buffer("planes, looped", words as u64 * 8).unwrap();
+        g.fill_u32(&out_looped, 0x7e00_7e00);
+        let mut rec = g.recorder();
+        looped.layer_norm_f16_rows(&mut rec, &xb, off as u32, rows as u32, cols as u32, &gb, &bb, 1e-5, &out_looped).unwrap();
+        rec.submit(None).unwrap();
+        assert_eq!(plane_words(&out_looped, 0, 2 * words), got, "{rows}x{cols}: loads ahead against the loops");
         for row in 0..rows_pad {
             for c in 0..cols {
                 let (h, l) = plane_halves(&got, words, row * cols + c);
@@ -1640,7 +1654,16 @@ fn attention_merged_into_planes_matches_the_split() {
     let g = gpu();
     let mut kern = Kernels::load(g).unwrap();
     let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32() as f64;
-    for &(t, heads, split_keys) in &[(70usize, 2usize, 32u32), (37, 3, 10), (129, 1, 45)] {
+    // The merge with its loops (MERGE_ONE_TRIP = false): the same words.
+    let mut looped = Kernels::load(g).unwrap();
+    {
+        use Access::{Read as R, ReadWrite as W};
+        let src = attention_merge_source(false).unwrap();
+        assert!(src.contains("const MERGE_ONE_TRIP: bool = false;"));
+        looped.attention_merge_planes = g.kernel_entry("attention_merge_planes_looped", &src, "main_merge_planes", &[R, R, R, W, W]).unwrap();
+    }
+    // Three, four and seven splits (past the one trip's four).
+    for &(t, heads, split_keys) in &[(70usize, 2usize, 32u32), (37, 3, 10), (129, 1, 45), (70, 1, 10)] {
         let (hd, t_pad) = (heads * 64, t.next_multiple_of(64));
         let plane = t_pad * hd / 2;
         kern.reserve_blocked_attention(g, t as u32, heads as u32).unwrap();
@@ -1670,6 +1693,13 @@ fn attention_merged_into_planes_matches_the_split() {
         kern.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
         rec.submit(None).unwrap();
         let got = plane_words(&planes, 0, 2 * plane);
+        g.fill_u32(&planes, NAN_BITS);
+        looped.planes = Some(planes.clone());
+        looped.blocked_partials = kern.blocked_partials.clone();
+        let mut rec = g.recorder();
+        looped.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
+        rec.submit(None).unwrap();
+        assert_eq!(got, plane_words(&planes, 0, 2 * plane), "one trip against the loops, t={t} heads={heads} split {split_keys}");
         g.fill_u32(&planes, NAN_BITS);
         let mut rec = g.recorder();
         kern.split_into_planes(&mut rec, Rows::new(&ob, hd), t as u32, hd as u32).unwrap();
