@@ -56,10 +56,11 @@ const CH: u32 = 16u; // hidden units a workgroup
 const KG: u32 = 32u; // K slices of the fc1 part (CP x KG = WG)
 const SLICES: u32 = 16u; // main_sum: chunk slices a workgroup, each output's 16 in a tree
 const MAXD: u32 = 1280u; // d_model (FFN_MAX_D in mod.rs)
-// The biases and the residual issued with the first loads rather than after the trees that
-// precede their use: b1 after fc1's slice tree, x and b2 after main_sum's chunk tree, each a
-// round trip to L2 at the end of a chain. EARLY_BIAS = false (kernels/mod.rs,
-// VERBATIM_FFN_EARLY_BIAS=0) loads them where they are used, to compare; the same bits.
+// b1 issued with fc1's first words rather than after fc1's slice tree, where it was a round
+// trip to L2 at the end of the chain: ffn_decode 10.22 -> 10.0 us a tiny.en step (H200),
+// 10.35 -> 10.2 (H100). (main_sum's residual and b2 issued before its chunk tree as well
+// made it 0.15 us slower on the H100: not done.) EARLY_BIAS = false (kernels/mod.rs,
+// VERBATIM_FFN_EARLY_BIAS=0) loads b1 where it is used, to compare; the same bits.
 const EARLY_BIAS: bool = true;
 const FIN_ROWS: u32 = 16u; // rows a dispatch takes (VERIFY_MAX_ROWS in mod.rs)
 
@@ -312,13 +313,6 @@ fn sum_chunks(wg: vec3<u32>, lid: u32) -> f32 {
     let c0 = min(p.chunks, sl * per);
     let c1 = min(p.chunks, c0 + per);
     let at = row * p.chunks * d + n;
-    let xi = p.x_off + row * p.x_stride + n;
-    var xe = 0.0;
-    var be = 0.0;
-    if (EARLY_BIAS) {
-        xe = x[xi];
-        be = b2[n];
-    }
     var v = 0.0;
     for (var c = c0; c < c1; c += 16u) {
         let last = c1 - 1u;
@@ -355,11 +349,8 @@ fn sum_chunks(wg: vec3<u32>, lid: u32) -> f32 {
     workgroupBarrier();
     if (sl == 0u && wg.x * 16u + o < d) {
         let t = sums[lid] + sums[lid + 16u] + sums[lid + 32u] + sums[lid + 48u];
-        if (!EARLY_BIAS) {
-            xe = x[xi];
-            be = b2[n];
-        }
-        let v = xe + (t + be);
+        let xi = p.x_off + row * p.x_stride + n;
+        let v = x[xi] + (t + b2[n]);
         x[xi] = v;
         return v;
     }

@@ -427,6 +427,16 @@ pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
 }
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
 pub const SPLIT_F16_SOURCE: &str = concat!(include_str!("split_f16.wgsl"), include_str!("row_stats.wgsl"), include_str!("f16_split.wgsl"));
+/// select.wgsl with a slice's logits loaded at once (`SELECT_AHEAD`, as written) or in its
+/// loop (`VERBATIM_SELECT_AHEAD=0`, to compare on a device; the same words).
+pub fn select_source(ahead: bool) -> Result<String> {
+    const SRC: &str = include_str!("select.wgsl");
+    if ahead {
+        return Ok(SRC.to_string());
+    }
+    rewrite_source("select_source", SRC, &[("const SELECT_AHEAD: bool = true;", "const SELECT_AHEAD: bool = false;")])
+}
+
 /// attention.wgsl for its merges of key splits: up to four splits' loads in one round trip
 /// (`MERGE_ONE_TRIP`, as written) or in its loops.
 pub fn attention_merge_source(one_trip: bool) -> Result<String> {
@@ -1040,15 +1050,10 @@ pub fn ffn_decode_late_source() -> Result<String> {
     rewrite_source("ffn_decode_late_source", &ffn_decode_source()?, &[(FC2_FIRST, ""), (HIDDEN_DONE, &late)])
 }
 
-/// ffn_decode.wgsl with its biases and residual loaded early (`EARLY_BIAS`, shipped) or
-/// where they are used (`VERBATIM_FFN_EARLY_BIAS=0`, to compare; the same bits).
+/// ffn_decode.wgsl with b1 loaded early (`EARLY_BIAS`, shipped) or where it is used
+/// (`VERBATIM_FFN_EARLY_BIAS=0`, to compare; the same bits).
 pub fn ffn_decode_source() -> Result<String> {
-    ffn_decode_source_with(std::env::var("VERBATIM_FFN_EARLY_BIAS").map_or(true, |v| v != "0"))
-}
-
-/// [`ffn_decode_source`] with `EARLY_BIAS` as given.
-pub fn ffn_decode_source_with(early: bool) -> Result<String> {
-    if early {
+    if std::env::var("VERBATIM_FFN_EARLY_BIAS").map_or(true, |v| v != "0") {
         return Ok(FFN_DECODE_SOURCE.to_string());
     }
     rewrite_source("ffn_decode_source", FFN_DECODE_SOURCE, &[("const EARLY_BIAS: bool = true;", "const EARLY_BIAS: bool = false;")])
@@ -1136,6 +1141,7 @@ impl Kernels {
         let planes_narrow = gpu.info.coop_matrix
             && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
             && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0");
+        let select_src = select_source(std::env::var("VERBATIM_SELECT_AHEAD").map_or(true, |v| v != "0"))?;
         let kernels = Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
@@ -1288,13 +1294,13 @@ impl Kernels {
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             // Every selection entry declares all five buffers (the partials' reads and
             // writes go through functions that also name the fused kernels' atomics).
-            select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W, W, W])?,
-            select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W, W, W])?,
-            select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W, W, W])?,
-            select_partial_rows: gpu.kernel_entry("select_partial_rows", include_str!("select.wgsl"), "main_partial_rows", &[R, R, W, W, W])?,
-            select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W, W, W])?,
-            select_pick_fused: gpu.kernel_entry("select_pick_fused", include_str!("select.wgsl"), "main_pick_fused", &[R, R, W, W, W])?,
-            select_rows_fused: gpu.kernel_entry("select_rows_fused", include_str!("select.wgsl"), "main_rows_fused", &[R, R, W, W, W])?,
+            select: gpu.kernel("select", &select_src, &[R, R, W, W, W])?,
+            select_partial: gpu.kernel_entry("select_partial", &select_src, "main_partial", &[R, R, W, W, W])?,
+            select_pick: gpu.kernel_entry("select_pick", &select_src, "main_pick", &[R, R, W, W, W])?,
+            select_partial_rows: gpu.kernel_entry("select_partial_rows", &select_src, "main_partial_rows", &[R, R, W, W, W])?,
+            select_rows: gpu.kernel_entry("select_rows", &select_src, "main_rows", &[R, R, W, W, W])?,
+            select_pick_fused: gpu.kernel_entry("select_pick_fused", &select_src, "main_pick_fused", &[R, R, W, W, W])?,
+            select_rows_fused: gpu.kernel_entry("select_rows_fused", &select_src, "main_rows_fused", &[R, R, W, W, W])?,
             select_fused: std::env::var("VERBATIM_SELECT_FUSED").map_or(true, |v| v != "0"),
             select_partials: gpu.buffer("select partials", (SELECT_ROW_PARTIALS + 1) * SELECT_ROWS as u64 * 4)?,
             select_no_atomics: gpu.buffer("select: no atomics", 16)?,
