@@ -427,16 +427,6 @@ pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
 }
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
 pub const SPLIT_F16_SOURCE: &str = concat!(include_str!("split_f16.wgsl"), include_str!("row_stats.wgsl"), include_str!("f16_split.wgsl"));
-/// select.wgsl with a slice's logits loaded at once (`SELECT_AHEAD`, as written) or in its
-/// loop (`VERBATIM_SELECT_AHEAD=0`, to compare on a device; the same words).
-pub fn select_source(ahead: bool) -> Result<String> {
-    const SRC: &str = include_str!("select.wgsl");
-    if ahead {
-        return Ok(SRC.to_string());
-    }
-    rewrite_source("select_source", SRC, &[("const SELECT_AHEAD: bool = true;", "const SELECT_AHEAD: bool = false;")])
-}
-
 /// attention.wgsl for its merges of key splits: up to four splits' loads in one round trip
 /// (`MERGE_ONE_TRIP`, as written) or in its loops.
 pub fn attention_merge_source(one_trip: bool) -> Result<String> {
@@ -1141,7 +1131,6 @@ impl Kernels {
         let planes_narrow = gpu.info.coop_matrix
             && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
             && std::env::var("VERBATIM_GEMM_NARROW").map_or(true, |v| v != "0");
-        let select_src = select_source(std::env::var("VERBATIM_SELECT_AHEAD").map_or(true, |v| v != "0"))?;
         let kernels = Kernels {
             gemm: gpu.kernel("gemm_f16", GEMM_SOURCE, &[R, R, R, W])?,
             conv: gpu.kernel("conv_k3_f16", GEMM_SOURCE, &[R, R, R, W])?,
@@ -1294,13 +1283,13 @@ impl Kernels {
             copy_rows: gpu.kernel("copy_rows", include_str!("copy_rows.wgsl"), &[R, W])?,
             // Every selection entry declares all five buffers (the partials' reads and
             // writes go through functions that also name the fused kernels' atomics).
-            select: gpu.kernel("select", &select_src, &[R, R, W, W, W])?,
-            select_partial: gpu.kernel_entry("select_partial", &select_src, "main_partial", &[R, R, W, W, W])?,
-            select_pick: gpu.kernel_entry("select_pick", &select_src, "main_pick", &[R, R, W, W, W])?,
-            select_partial_rows: gpu.kernel_entry("select_partial_rows", &select_src, "main_partial_rows", &[R, R, W, W, W])?,
-            select_rows: gpu.kernel_entry("select_rows", &select_src, "main_rows", &[R, R, W, W, W])?,
-            select_pick_fused: gpu.kernel_entry("select_pick_fused", &select_src, "main_pick_fused", &[R, R, W, W, W])?,
-            select_rows_fused: gpu.kernel_entry("select_rows_fused", &select_src, "main_rows_fused", &[R, R, W, W, W])?,
+            select: gpu.kernel("select", include_str!("select.wgsl"), &[R, R, W, W, W])?,
+            select_partial: gpu.kernel_entry("select_partial", include_str!("select.wgsl"), "main_partial", &[R, R, W, W, W])?,
+            select_pick: gpu.kernel_entry("select_pick", include_str!("select.wgsl"), "main_pick", &[R, R, W, W, W])?,
+            select_partial_rows: gpu.kernel_entry("select_partial_rows", include_str!("select.wgsl"), "main_partial_rows", &[R, R, W, W, W])?,
+            select_rows: gpu.kernel_entry("select_rows", include_str!("select.wgsl"), "main_rows", &[R, R, W, W, W])?,
+            select_pick_fused: gpu.kernel_entry("select_pick_fused", include_str!("select.wgsl"), "main_pick_fused", &[R, R, W, W, W])?,
+            select_rows_fused: gpu.kernel_entry("select_rows_fused", include_str!("select.wgsl"), "main_rows_fused", &[R, R, W, W, W])?,
             select_fused: std::env::var("VERBATIM_SELECT_FUSED").map_or(true, |v| v != "0"),
             select_partials: gpu.buffer("select partials", (SELECT_ROW_PARTIALS + 1) * SELECT_ROWS as u64 * 4)?,
             select_no_atomics: gpu.buffer("select: no atomics", 16)?,

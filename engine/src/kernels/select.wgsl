@@ -128,6 +128,13 @@ fn masks() -> Masks {
     return m;
 }
 
+fn suppressed(id: u32) -> bool {
+    if (id == p.extra0 || id == p.extra1) {
+        return true;
+    }
+    return ((suppress[id / 32u] >> (id % 32u)) & 1u) != 0u;
+}
+
 fn neg_inf_bits() -> u32 {
     return 0xff800000u;
 }
@@ -206,60 +213,30 @@ fn main_partial_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     partial(wg.x, lid, wg.y * ROW_PARTIALS, false);
 }
 
-// A thread's three running reductions over its ids.
-struct Accs { text: Acc, ts: Acc, raw: Acc }
-
-// Logit v of id (its suppress bitmask word sw) into the thread's reductions.
-fn visit(a: Accs, v: f32, id: u32, sw: u32, mk: Masks) -> Accs {
-    var r = a;
-    r.raw = push(r.raw, v, id);
-    if (id == p.extra0 || id == p.extra1 || ((sw >> (id % 32u)) & 1u) != 0u) {
-        return r;
-    }
-    if (id < p.ts_begin) {
-        let masked = mk.non_ts || (mk.text && id < p.eot);
-        if (!masked) {
-            r.text = push(r.text, v, id);
-        }
-    } else if (id >= mk.ts_lo && id < p.ts_hi) {
-        r.ts = push(r.ts, v, id);
-    }
-    return r;
-}
-
-// Slices of up to 4 WG ids (a vocabulary up to 65536: every Whisper's 51864-51866 is 811 a
-// workgroup): a thread's four logits and their suppress words loaded at once (addresses
-// clamped into the vocabulary; ids past the slice are not visited), then visited in id
-// order as the loop below visits them, the same arithmetic. The loop waits on a round trip
-// a round. SELECT_AHEAD = false (kernels/mod.rs, VERBATIM_SELECT_AHEAD=0) keeps the loop,
-// to compare.
-const SELECT_AHEAD: bool = true;
-
 // Workgroup `group`'s partial over its slice of the vocabulary, written at out[base..].
 fn partial(group: u32, lid: u32, base: u32, fused: bool) {
     let chunk = (p.vocab + GROUPS - 1u) / GROUPS;
     let lo = group * chunk;
     let hi = min(p.vocab, lo + chunk);
-    var a = Accs(Acc(NEG, 0.0, NONE), Acc(NEG, 0.0, NONE), Acc(NEG, 0.0, NONE));
+    var text = Acc(NEG, 0.0, NONE);
+    var ts = Acc(NEG, 0.0, NONE);
+    var raw = Acc(NEG, 0.0, NONE);
     let mk = masks();
-    if (SELECT_AHEAD && chunk <= 4u * WG) {
-        let last = p.vocab - 1u;
-        let id = vec4<u32>(lo + lid, lo + lid + WG, lo + lid + 2u * WG, lo + lid + 3u * WG);
-        let c = min(id, vec4<u32>(last));
-        let v = vec4<f32>(logits[p.logit_off + c.x], logits[p.logit_off + c.y], logits[p.logit_off + c.z], logits[p.logit_off + c.w]);
-        let sw = vec4<u32>(suppress[c.x / 32u], suppress[c.y / 32u], suppress[c.z / 32u], suppress[c.w / 32u]);
-        if (id.x < hi) { a = visit(a, v.x, id.x, sw.x, mk); }
-        if (id.y < hi) { a = visit(a, v.y, id.y, sw.y, mk); }
-        if (id.z < hi) { a = visit(a, v.z, id.z, sw.z, mk); }
-        if (id.w < hi) { a = visit(a, v.w, id.w, sw.w, mk); }
-    } else {
-        for (var id = lo + lid; id < hi; id += WG) {
-            a = visit(a, logits[p.logit_off + id], id, suppress[id / 32u], mk);
+    for (var id = lo + lid; id < hi; id += WG) {
+        let v = logits[p.logit_off + id];
+        raw = push(raw, v, id);
+        if (suppressed(id)) {
+            continue;
+        }
+        if (id < p.ts_begin) {
+            let masked = mk.non_ts || (mk.text && id < p.eot);
+            if (!masked) {
+                text = push(text, v, id);
+            }
+        } else if (id >= mk.ts_lo && id < p.ts_hi) {
+            ts = push(ts, v, id);
         }
     }
-    let text = a.text;
-    let ts = a.ts;
-    let raw = a.raw;
     rm[lid] = text.m; rs[lid] = text.s; ra[lid] = text.a;
     rm[WG + lid] = ts.m; rs[WG + lid] = ts.s; ra[WG + lid] = ts.a;
     rm[2u * WG + lid] = raw.m; rs[2u * WG + lid] = raw.s; ra[2u * WG + lid] = raw.a;

@@ -1972,61 +1972,6 @@ fn select_both_ways(name: &str, test: fn(bool, StdRng) -> Vec<u32>) {
     }
 }
 
-/// The selection with a slice's logits loaded at once (SELECT_AHEAD, shipped) against its
-/// loop: the same words, fused and as a pair of dispatches, on a
-/// vocabulary of Whisper's size (811 ids a workgroup: four a thread, the last short), a
-/// small one and one past the ahead path's 65536 (the loop either way).
-#[test]
-fn select_loads_ahead_equal_the_loop() {
-    let mut r = rng("select_ahead");
-    let g = gpu();
-    let mut ahead = Kernels::load(g).unwrap();
-    let mut looped = Kernels::load(g).unwrap();
-    {
-        use Access::{Read as R, ReadWrite as W};
-        let src = select_source(false).unwrap();
-        assert!(src.contains("const SELECT_AHEAD: bool = false;"));
-        let k = |name: &'static str, entry: &str| g.kernel_entry(name, &src, entry, &[R, R, W, W, W]).unwrap();
-        looped.select = k("select_looped", "main");
-        looped.select_partial = k("select_partial_looped", "main_partial");
-        looped.select_pick = k("select_pick_looped", "main_pick");
-        looped.select_partial_rows = k("select_partial_rows_looped", "main_partial_rows");
-        looped.select_rows = k("select_rows_looped", "main_rows");
-        looped.select_pick_fused = k("select_pick_fused_looped", "main_pick_fused");
-        looped.select_rows_fused = k("select_rows_fused_looped", "main_rows_fused");
-    }
-    for (vocab, eot, ts_begin) in [(51864u32, 50256u32, 50363u32), (1013, 600, 700), (70001, 50256, 50363)] {
-        let logits = rand_vec(&mut r, vocab as usize, 8.0);
-        let suppress: Vec<u32> = (0..90).map(|_| r.random_range(0..vocab)).collect();
-        let rules = StepRules {
-            mask_text: false,
-            mask_non_timestamps: false,
-            ts_lo: ts_begin + 3,
-            ts_hi: vocab.min(ts_begin + 1500),
-            extra_suppress: [r.random_range(0..vocab), eot],
-            probe: r.random_range(0..vocab),
-        };
-        let lb = g.upload_f32("logits", &logits).unwrap();
-        let sb = g.upload_u32("suppress", &suppress_bitmask(&suppress, vocab)).unwrap();
-        let params = select_params(&rules, vocab, ts_begin, eot, 0);
-        let words = |kern: &mut Kernels, fused: bool| {
-            kern.select_fused = fused;
-            let ob = poisoned(8);
-            let mut rec = g.recorder();
-            kern.select(&mut rec, &lb, &sb, &params, &ob).unwrap();
-            rec.submit(None).unwrap();
-            g.read_u32(&ob, 0, 8).unwrap()
-        };
-        for fused in [true, false] {
-            let (a, b) = (words(&mut ahead, fused), words(&mut looped, fused));
-            assert_eq!(a, b, "vocab {vocab}, fused {fused}: loads ahead against the loop");
-            let got = scores_from_words(&a);
-            let want = ref_select::masked_scores(&logits, &suppress, &rules, ts_begin, eot);
-            assert_eq!((got.text_best, got.ts_best), (want.text_best, want.ts_best), "vocab {vocab}: argmaxes");
-        }
-    }
-}
-
 #[test]
 fn select_matches_reference() {
     select_both_ways("select", select_matches_reference_with);
