@@ -427,33 +427,20 @@ pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
 }
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
 pub const SPLIT_F16_SOURCE: &str = concat!(include_str!("split_f16.wgsl"), include_str!("row_stats.wgsl"), include_str!("f16_split.wgsl"));
-/// attention.wgsl for its merges of key splits: up to four splits' loads in one round trip
-/// (`MERGE_ONE_TRIP`, as written) or in its loops.
-pub fn attention_merge_source(one_trip: bool) -> Result<String> {
-    if one_trip {
-        return Ok(ATTENTION_SOURCE.to_string());
+/// `src` as written (`on`) or with its `const {name}: bool = true;` rewritten to false: the
+/// switch a kernel keeps to time a rewrite against the form it replaced on a device (the
+/// same words either way; its kernel test compares the two).
+pub fn switched(src: &str, name: &str, on: bool) -> Result<String> {
+    if on {
+        return Ok(src.to_string());
     }
-    rewrite_source("attention_merge_source", ATTENTION_SOURCE, &[("const MERGE_ONE_TRIP: bool = true;", "const MERGE_ONE_TRIP: bool = false;")])
+    let (from, to) = (format!("const {name}: bool = true;"), format!("const {name}: bool = false;"));
+    rewrite_source(name, src, &[(&from, &to)])
 }
 
-/// `VERBATIM_MERGE_ONE_TRIP=0`: the merges with their loops (to compare on a device).
-fn merge_one_trip() -> bool {
-    std::env::var("VERBATIM_MERGE_ONE_TRIP").map_or(true, |v| v != "0")
-}
-
-/// split_f16.wgsl for its LayerNorm entries: with the row's loads issued ahead of its
-/// statistics (`NORM_AHEAD`, as written) or in the loops it shares with layernorm.wgsl.
-pub fn split_norm_source(ahead: bool) -> Result<String> {
-    if ahead {
-        return Ok(SPLIT_F16_SOURCE.to_string());
-    }
-    rewrite_source("split_norm_source", SPLIT_F16_SOURCE, &[("const NORM_AHEAD: bool = true;", "const NORM_AHEAD: bool = false;")])
-}
-
-/// `VERBATIM_NORM_AHEAD=0`: the encoder's LayerNorms into planes without the loads ahead
-/// (to compare on a device; the same words).
-fn norm_ahead() -> bool {
-    std::env::var("VERBATIM_NORM_AHEAD").map_or(true, |v| v != "0")
+/// Whether the environment leaves a switch on (anything but `VAR=0`).
+fn env_on(var: &str) -> bool {
+    std::env::var(var).map_or(true, |v| v != "0")
 }
 
 /// layernorm.wgsl, with the row statistics it shares with split_f16.wgsl.
@@ -1043,10 +1030,7 @@ pub fn ffn_decode_late_source() -> Result<String> {
 /// ffn_decode.wgsl with b1 loaded early (`EARLY_BIAS`, shipped) or where it is used
 /// (`VERBATIM_FFN_EARLY_BIAS=0`, to compare; the same bits).
 pub fn ffn_decode_source() -> Result<String> {
-    if std::env::var("VERBATIM_FFN_EARLY_BIAS").map_or(true, |v| v != "0") {
-        return Ok(FFN_DECODE_SOURCE.to_string());
-    }
-    rewrite_source("ffn_decode_source", FFN_DECODE_SOURCE, &[("const EARLY_BIAS: bool = true;", "const EARLY_BIAS: bool = false;")])
+    switched(FFN_DECODE_SOURCE, "EARLY_BIAS", env_on("VERBATIM_FFN_EARLY_BIAS"))
 }
 
 /// main_m1 with the LayerNorm folded in, loading as `v` says.
@@ -1177,8 +1161,8 @@ impl Kernels {
                 _ => GEMM_PLANES_NARROW_MAX_N,
             },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
-            norm_planes: gpu.kernel_entry("layernorm_planes", &split_norm_source(norm_ahead())?, "main_norm_rows", &[R, W, R, R])?,
-            norm_planes_rows: gpu.kernel_entry("layernorm_planes_rows", &split_norm_source(norm_ahead())?, "main_norm_rows_out", &[R, W, R, R, W])?,
+            norm_planes: gpu.kernel_entry("layernorm_planes", &switched(SPLIT_F16_SOURCE, "NORM_AHEAD", env_on("VERBATIM_NORM_AHEAD"))?, "main_norm_rows", &[R, W, R, R])?,
+            norm_planes_rows: gpu.kernel_entry("layernorm_planes_rows", &switched(SPLIT_F16_SOURCE, "NORM_AHEAD", env_on("VERBATIM_NORM_AHEAD"))?, "main_norm_rows_out", &[R, W, R, R, W])?,
             norm_into_planes: std::env::var("VERBATIM_NORM_PLANES").map_or(true, |v| v != "0"),
             gemm_into_planes: std::env::var("VERBATIM_EPILOGUE_PLANES").map_or(true, |v| v != "0"),
             merge_into_planes: std::env::var("VERBATIM_MERGE_PLANES").map_or(true, |v| v != "0"),
@@ -1275,8 +1259,8 @@ impl Kernels {
                 true => None,
                 false => Some(gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W])?),
             },
-            attention_merge: gpu.kernel_entry("attention_merge", &attention_merge_source(merge_one_trip())?, "main_merge", &[R, R, R, W])?,
-            attention_merge_planes: gpu.kernel_entry("attention_merge_planes", &attention_merge_source(merge_one_trip())?, "main_merge_planes", &[R, R, R, W, W])?,
+            attention_merge: gpu.kernel_entry("attention_merge", &switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", env_on("VERBATIM_MERGE_ONE_TRIP"))?, "main_merge", &[R, R, R, W])?,
+            attention_merge_planes: gpu.kernel_entry("attention_merge_planes", &switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", env_on("VERBATIM_MERGE_ONE_TRIP"))?, "main_merge_planes", &[R, R, R, W, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W, W])?,
             no_grids: gpu.buffer("no gated grids", 4)?,

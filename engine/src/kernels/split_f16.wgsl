@@ -213,13 +213,26 @@ fn ahead_row(wg: vec3<u32>, lid: u32) -> AheadRow {
     return r;
 }
 
+// The normalised pair v as planes words at pair j of the row.
+fn put_planes(r: AheadRow, j: u32, v: vec2<f32>) {
+    let w = split_pair(v.x, v.y);
+    out[r.ob + j] = w.x;
+    out[r.plane + r.ob + j] = w.y;
+}
+
 // Pair j of the row (its inputs q) normalised into the planes, where the row has it.
 fn put_ahead(r: AheadRow, j: u32, q: PairIn) {
     if (j < r.half_cols) {
-        let v = normed(q, r.st);
-        let w = split_pair(v.x, v.y);
-        out[r.ob + j] = w.x;
-        out[r.plane + r.ob + j] = w.y;
+        put_planes(r, j, normed(q, r.st));
+    }
+}
+
+// A live row's three pairs a thread into the planes.
+fn planes_ahead(r: AheadRow, lid: u32) {
+    if (r.live) {
+        put_ahead(r, lid, r.q0);
+        put_ahead(r, lid + ROW_WG, r.q1);
+        put_ahead(r, lid + 2u * ROW_WG, r.q2);
     }
 }
 
@@ -227,12 +240,7 @@ fn put_ahead(r: AheadRow, j: u32, q: PairIn) {
 @compute @workgroup_size(128)
 fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     if (NORM_AHEAD && p.cols <= 6u * ROW_WG) {
-        let r = ahead_row(wg, lid);
-        if (r.live) {
-            put_ahead(r, lid, r.q0);
-            put_ahead(r, lid + ROW_WG, r.q1);
-            put_ahead(r, lid + 2u * ROW_WG, r.q2);
-        }
+        planes_ahead(ahead_row(wg, lid), lid);
         return;
     }
     let r = norm_row(wg, lid);
@@ -252,15 +260,14 @@ fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // planes the cross K|V GEMM reads (one dispatch instead of a LayerNorm and a split).
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
-// put_ahead, also writing the pair into the f32 rows.
+// put_ahead, the same values also into the f32 rows. (Not in main_norm_rows' call tree: a
+// kernel that names `y` needs binding 5 in its layout.)
 fn put_ahead_out(r: AheadRow, j: u32, q: PairIn) {
     if (j < r.half_cols) {
         let v = normed(q, r.st);
         y[r.row * p.cols + 2u * j] = v.x;
         y[r.row * p.cols + 2u * j + 1u] = v.y;
-        let w = split_pair(v.x, v.y);
-        out[r.ob + j] = w.x;
-        out[r.plane + r.ob + j] = w.y;
+        put_planes(r, j, v);
     }
 }
 

@@ -491,7 +491,7 @@ fn kernels_with_late_bias(g: &Gpu) -> Kernels {
     use Access::{Read as R, ReadWrite as W};
     let mut k = Kernels::load(g).unwrap();
     let late = |src: &str| {
-        let out = rewrite_source("late bias", src, &[("const EARLY_BIAS: bool = true;", "const EARLY_BIAS: bool = false;")]).unwrap();
+        let out = switched(src, "EARLY_BIAS", false).unwrap();
         assert!(out.contains("const EARLY_BIAS: bool = false;"));
         out
     };
@@ -1226,7 +1226,7 @@ fn layer_norm_into_planes_matches_layer_norm_rows() {
     let mut looped = Kernels::load(g).unwrap();
     {
         use Access::{Read as R, ReadWrite as W};
-        let src = split_norm_source(false).unwrap();
+        let src = switched(SPLIT_F16_SOURCE, "NORM_AHEAD", false).unwrap();
         assert!(src.contains("const NORM_AHEAD: bool = false;"));
         looped.norm_planes = g.kernel_entry("layernorm_planes_looped", &src, "main_norm_rows", &[R, W, R, R]).unwrap();
     }
@@ -1653,7 +1653,7 @@ fn attention_merged_into_planes_matches_the_split() {
     let mut looped = Kernels::load(g).unwrap();
     {
         use Access::{Read as R, ReadWrite as W};
-        let src = attention_merge_source(false).unwrap();
+        let src = switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", false).unwrap();
         assert!(src.contains("const MERGE_ONE_TRIP: bool = false;"));
         looped.attention_merge_planes = g.kernel_entry("attention_merge_planes_looped", &src, "main_merge_planes", &[R, R, R, W, W]).unwrap();
     }
