@@ -1235,11 +1235,11 @@ impl Kernels {
                 Ok("0" | "1") => None,
                 _ => Some(ffn_decode_kernel(gpu, true)?),
             },
-            ffn_sum: gpu.kernel_entry("ffn_sum", &ffn_decode_source()?, "main_sum", &[W, R, R, R, R, R, R, W])?,
+            ffn_sum: gpu.kernel_entry("ffn_sum", FFN_DECODE_SOURCE, "main_sum", &[W, R, R, R, R, R, R, W])?,
             ffn_sum_norm: match gpu.device.limits().max_storage_buffers_per_shader_stage >= 12
                 && std::env::var("VERBATIM_FINAL_NORM_FUSED").map_or(true, |v| v != "0")
             {
-                true => Some(gpu.kernel_entry("ffn_sum_norm", &ffn_decode_source()?, "main_sum_norm", &[W, R, R, R, R, R, R, W, W, R, R, W])?),
+                true => Some(gpu.kernel_entry("ffn_sum_norm", FFN_DECODE_SOURCE, "main_sum_norm", &[W, R, R, R, R, R, R, W, W, R, R, W])?),
                 false => None,
             },
             ffn_fin: gpu.buffer("ffn final-norm rows", (VERIFY_MAX_ROWS + VERIFY_MAX_ROWS * FFN_MAX_D) as u64 * 4)?,
