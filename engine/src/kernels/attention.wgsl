@@ -1065,8 +1065,6 @@ fn main_split_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
     }
 }
 
-// Query qi, head h merged over its splits: output dimensions lid and lid + 64 (lanes past d
-// read dimension d - 1 and drop it).
 // Up to four splits (the encoder's attention_coop takes four): every split's m, l and this
 // thread's two values loaded at once (split indices clamped to the last: a copy of a split
 // leaves the max as it is and is not added), then the loops' arithmetic below. The loops
@@ -1074,6 +1072,8 @@ fn main_split_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
 // VERBATIM_MERGE_ONE_TRIP=0) keeps them, to compare; the same words.
 const MERGE_ONE_TRIP: bool = true;
 
+// Query qi, head h merged over its splits: output dimensions lid and lid + 64 (lanes past d
+// read dimension d - 1 and drop it).
 fn merged(qi: u32, h: u32, lid: u32) -> vec2<f32> {
     let d = p.d;
     let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;

@@ -127,7 +127,8 @@ struct NormRow {
     st: vec2<f32>,
 }
 
-fn norm_row(wg: vec3<u32>, lid: u32) -> NormRow {
+// The row's place without its statistics (st left 0): what norm_row and ahead_row share.
+fn place_row(wg: vec3<u32>, lid: u32) -> NormRow {
     var r: NormRow;
     r.row = wg.x + wg.y * 32768u;
     if (r.row >= p.rows_pad) {
@@ -144,8 +145,15 @@ fn norm_row(wg: vec3<u32>, lid: u32) -> NormRow {
         return r;
     }
     r.xb = p.x_off + r.row * p.x_stride;
-    r.st = row_stats(r.xb, p.cols, p.eps, lid);
     r.live = true;
+    return r;
+}
+
+fn norm_row(wg: vec3<u32>, lid: u32) -> NormRow {
+    var r = place_row(wg, lid);
+    if (r.live) {
+        r.st = row_stats(r.xb, p.cols, p.eps, lid);
+    }
     return r;
 }
 
@@ -174,15 +182,10 @@ fn normed(q: PairIn, st: vec2<f32>) -> vec2<f32> {
     return vec2<f32>((q.x.x - st.x) * st.y * q.g.x + q.b.x, (q.x.y - st.x) * st.y * q.g.y + q.b.y);
 }
 
-// A row as NORM_AHEAD takes it: its output pairs lid + ROW_WG i (i < 3) loaded, then its
-// statistics; padding rows written as zeros here and returned not live.
+// A row as NORM_AHEAD takes it: its place (place_row), its output pairs lid + ROW_WG i
+// (i < 3) loaded, then its statistics.
 struct AheadRow {
-    live: bool,
-    row: u32,
-    ob: u32,
-    plane: u32,
-    half_cols: u32,
-    st: vec2<f32>,
+    n: NormRow,
     q0: PairIn,
     q1: PairIn,
     q2: PairIn,
@@ -190,46 +193,34 @@ struct AheadRow {
 
 fn ahead_row(wg: vec3<u32>, lid: u32) -> AheadRow {
     var r: AheadRow;
-    r.row = wg.x + wg.y * 32768u;
-    if (r.row >= p.rows_pad) {
-        return r;
+    r.n = place_row(wg, lid);
+    if (r.n.live) {
+        let half_cols = p.cols / 2u;
+        r.q0 = pair_in(r.n.xb, lid, half_cols);
+        r.q1 = pair_in(r.n.xb, lid + ROW_WG, half_cols);
+        r.q2 = pair_in(r.n.xb, lid + 2u * ROW_WG, half_cols);
+        r.n.st = row_stats6(r.n.xb, p.cols, p.eps, lid);
     }
-    r.half_cols = p.cols / 2u;
-    r.plane = p.rows_pad * r.half_cols;
-    r.ob = r.row * r.half_cols;
-    if (r.row >= p.rows) {
-        for (var j = lid; j < r.half_cols; j += ROW_WG) {
-            out[r.ob + j] = 0u;
-            out[r.plane + r.ob + j] = 0u;
-        }
-        return r;
-    }
-    let xb = p.x_off + r.row * p.x_stride;
-    r.q0 = pair_in(xb, lid, r.half_cols);
-    r.q1 = pair_in(xb, lid + ROW_WG, r.half_cols);
-    r.q2 = pair_in(xb, lid + 2u * ROW_WG, r.half_cols);
-    r.st = row_stats6(xb, p.cols, p.eps, lid);
-    r.live = true;
     return r;
 }
 
 // The normalised pair v as planes words at pair j of the row.
 fn put_planes(r: AheadRow, j: u32, v: vec2<f32>) {
     let w = split_pair(v.x, v.y);
-    out[r.ob + j] = w.x;
-    out[r.plane + r.ob + j] = w.y;
+    out[r.n.ob + j] = w.x;
+    out[r.n.plane + r.n.ob + j] = w.y;
 }
 
 // Pair j of the row (its inputs q) normalised into the planes, where the row has it.
 fn put_ahead(r: AheadRow, j: u32, q: PairIn) {
-    if (j < r.half_cols) {
-        put_planes(r, j, normed(q, r.st));
+    if (j < p.cols / 2u) {
+        put_planes(r, j, normed(q, r.n.st));
     }
 }
 
 // A live row's three pairs a thread into the planes.
 fn planes_ahead(r: AheadRow, lid: u32) {
-    if (r.live) {
+    if (r.n.live) {
         put_ahead(r, lid, r.q0);
         put_ahead(r, lid + ROW_WG, r.q1);
         put_ahead(r, lid + 2u * ROW_WG, r.q2);
@@ -263,10 +254,10 @@ fn main_norm_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 // put_ahead, the same values also into the f32 rows. (Not in main_norm_rows' call tree: a
 // kernel that names `y` needs binding 5 in its layout.)
 fn put_ahead_out(r: AheadRow, j: u32, q: PairIn) {
-    if (j < r.half_cols) {
-        let v = normed(q, r.st);
-        y[r.row * p.cols + 2u * j] = v.x;
-        y[r.row * p.cols + 2u * j + 1u] = v.y;
+    if (j < p.cols / 2u) {
+        let v = normed(q, r.n.st);
+        y[r.n.row * p.cols + 2u * j] = v.x;
+        y[r.n.row * p.cols + 2u * j + 1u] = v.y;
         put_planes(r, j, v);
     }
 }
@@ -275,7 +266,7 @@ fn put_ahead_out(r: AheadRow, j: u32, q: PairIn) {
 fn main_norm_rows_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     if (NORM_AHEAD && p.cols <= 6u * ROW_WG) {
         let r = ahead_row(wg, lid);
-        if (r.live) {
+        if (r.n.live) {
             put_ahead_out(r, lid, r.q0);
             put_ahead_out(r, lid + ROW_WG, r.q1);
             put_ahead_out(r, lid + 2u * ROW_WG, r.q2);
