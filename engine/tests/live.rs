@@ -145,3 +145,32 @@ fn live_jfk_every_step_as_a_fast_gpu_would() {
     eprintln!("{} decodes; live: {:?}\nfile: {:?}", session.decodes(), session.committed_text(), want);
     assert_eq!(normalise(session.committed_text()), normalise(&want));
 }
+
+/// Records a live session's windows for the draft-policy test
+/// (`decode::whisper::tests::live_drafts_on_real_speech_count_their_round_trips`): the
+/// prefixes of `VERBATIM_RECORD_WAV` every 0.5 s from 1 s (the last: the whole file), as
+/// `verbatim bench`'s live replay decodes them, each window's seconds and chosen tokens,
+/// end-of-text last, written as JSON to `VERBATIM_RECORD_OUT`
+/// (engine/tests/data/NAME_live_windows.json). The tokens are greedy decoding's, so they
+/// do not depend on the drafts. A tool, not a check (~4 minutes for 11 s on lavapipe):
+/// `VERBATIM_RECORD_WAV=F VERBATIM_RECORD_OUT=G cargo test --release -p verbatim-engine
+/// --test live -- --ignored --nocapture live_windows_recorded`.
+#[test]
+#[ignore]
+fn live_windows_recorded() {
+    let (Ok(wav), Ok(out)) = (std::env::var("VERBATIM_RECORD_WAV"), std::env::var("VERBATIM_RECORD_OUT")) else {
+        panic!("set VERBATIM_RECORD_WAV (a WAV file) and VERBATIM_RECORD_OUT (the JSON to write)");
+    };
+    let audio = decode_wav_file(std::path::Path::new(&wav)).unwrap().to_mono_16k().unwrap();
+    let ends: Vec<usize> = (2..).map(|i| i * 8_000).take_while(|&e| e < audio.len()).chain([audio.len()]).collect();
+    let mut t = transcriber().lock().unwrap();
+    let eot = t.tokenizer().special().eot;
+    let mut windows = Vec::new();
+    for &end in &ends {
+        let tx = t.transcribe_samples(&audio[..end], &Options::default(), &mut |_| {}).unwrap();
+        let tokens: Vec<u32> = tx.segments.iter().flat_map(|s| s.tokens.iter().copied()).chain([eot]).collect();
+        eprintln!("{:.2} s: {}", end as f64 / 16_000.0, tx.text);
+        windows.push(serde_json::json!({ "seconds": end as f64 / 16_000.0, "tokens": tokens }));
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&serde_json::json!({ "windows": windows })).unwrap()).unwrap();
+}

@@ -23,10 +23,12 @@
 //!   audio end instead, where Whisper's last time lands when the speech runs on to it (live
 //!   mode's prefixes: 8 of jfk's 21 windows close exactly there). And where nothing else
 //!   is drafted after a closing time, the next segment opening at that time is (Whisper
-//!   writes `<|7.40|><|7.40|>`). A verify pass of two positions costs little more than a
-//!   lone step's round trip on the H200 (one position 0.38-0.44 ms, four 0.44-0.51:
-//!   bench/RESULTS.md), and a time that holds spares the next round trip: the end-of-text
-//!   after a closing time, or the next segment's first word.
+//!   writes `<|7.40|><|7.40|>`); where nothing is drafted after a sentence's end (".",
+//!   "?", "!", "..."), the closing time at the audio end is (live mode's windows mostly
+//!   close there after one). A verify pass of two positions costs little more than a
+//!   lone step's round trip (on the H100 0.299 against 0.283 ms: bench/RESULTS.md), and a
+//!   time that holds spares the next round trip: the end-of-text after a closing time, or
+//!   the next segment's first word.
 //!
 //! The n-gram draft's length adapts: doubled after a fully accepted draft, halved after a
 //! draft rejected at its first token. The hint, while the window follows it, is drafted as
@@ -108,12 +110,22 @@ pub struct Drafter {
     timestamp_begin: u32,
     /// The time token of the window's audio end (`u32::MAX`: unknown, or no timestamps).
     audio_end: u32,
+    /// Text tokens that end a sentence, after which a closing time is drafted.
+    sentence_ends: Vec<u32>,
     len: usize,
 }
 
 impl Drafter {
     pub fn new(hint: &[u32], stop: u32, timestamp_begin: u32) -> Self {
-        Drafter { hint: hint.to_vec(), stop, timestamp_begin, audio_end: u32::MAX, len: START_DRAFT }
+        Drafter { hint: hint.to_vec(), stop, timestamp_begin, audio_end: u32::MAX, sentence_ends: Vec::new(), len: START_DRAFT }
+    }
+
+    /// Draft the closing time at the audio end after these text tokens (a sentence's end:
+    /// [`crate::decode::SpecialTokens::sentence_ends`]) where nothing else is drafted.
+    /// Needs the audio end.
+    pub fn with_sentence_ends(mut self, ids: &[u32]) -> Self {
+        self.sentence_ends = ids.to_vec();
+        self
     }
 
     /// Draft closing times at the window's audio end, `seconds` after its start (Whisper's
@@ -157,7 +169,7 @@ impl Drafter {
                 }
             }
         }
-        self.next_segment_opening(sampled)
+        self.time_where_nothing_drafts(sampled)
     }
 
     fn is_time(&self, t: u32) -> bool {
@@ -183,13 +195,15 @@ impl Drafter {
     }
 
     /// Where nothing else drafts: after a closing time before the audio end, the next
-    /// segment opening at the same time.
-    fn next_segment_opening(&self, sampled: &[u32]) -> Vec<u32> {
+    /// segment opening at the same time; after a sentence's end, the segment closing at
+    /// the audio end (the end-of-text after it then comes with the same pass).
+    fn time_where_nothing_drafts(&self, sampled: &[u32]) -> Vec<u32> {
         if self.audio_end == u32::MAX {
             return Vec::new();
         }
         match *sampled {
             [.., text, time] if !self.is_time(text) && self.is_time(time) && time < self.audio_end => vec![time],
+            [.., end] if self.sentence_ends.contains(&end) => vec![self.audio_end],
             _ => Vec::new(),
         }
     }
@@ -329,6 +343,22 @@ mod tests {
         // Without a known audio end, nothing.
         let d = Drafter::new(&[], EOT, TS);
         assert_eq!(d.propose(&[1], &[100, 5, 6, 170], 8), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn draft_closes_at_the_audio_end_after_a_sentence_end() {
+        // "13" ends a sentence; the audio ends at 3.00 s.
+        let d = Drafter::new(&[], EOT, TS).with_audio_end(3.0).with_sentence_ends(&[13, 30]);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 13], 8), vec![250]);
+        assert_eq!(d.propose(&[1], &[100, 5, 30], 8), vec![250]);
+        // Other text drafts nothing; an n-gram to copy is copied ("5" was followed by "6").
+        assert_eq!(d.propose(&[1], &[100, 5, 6], 8), Vec::<u32>::new());
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 13, 5], 8), vec![6, 13, 5]);
+        // Without the audio end, or without timestamps, nothing.
+        let d = Drafter::new(&[], EOT, TS).with_sentence_ends(&[13]);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 13], 8), Vec::<u32>::new());
+        let d = Drafter::new(&[], EOT, u32::MAX).with_audio_end(3.0).with_sentence_ends(&[13]);
+        assert_eq!(d.propose(&[1], &[100, 5, 6, 13], 8), Vec::<u32>::new());
     }
 
     #[test]

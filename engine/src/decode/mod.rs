@@ -24,6 +24,9 @@ pub struct SpecialTokens {
     pub timestamp_begin: u32,
     /// Number of logits (vocabulary size).
     pub vocab: u32,
+    /// Text tokens that end a sentence (".", "?", "!", "..." where each is one token):
+    /// Whisper mostly closes a segment after one, so drafts guess a closing time there.
+    pub sentence_ends: Vec<u32>,
 }
 
 /// The masks of one decoding step, on top of the static suppress list that the source

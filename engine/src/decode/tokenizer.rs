@@ -95,6 +95,15 @@ impl WhisperTokenizer {
             }
         };
 
+        // Sentence ends, as single tokens (a draft's hint only: none found is no error).
+        let sentence_ends = [".", "?", "!", "..."]
+            .iter()
+            .filter_map(|s| match inner.encode(*s, false).ok()?.get_ids() {
+                [id] if *id < eot => Some(*id),
+                _ => None,
+            })
+            .collect();
+
         // CTranslate2 calls a model multilingual by its vocabulary size (51865, large-v3
         // 51866); English-only vocabularies also hold language tokens, so their presence
         // tells nothing. Multilingual models are told the language (English) and the task,
@@ -115,6 +124,7 @@ impl WhisperTokenizer {
                 no_timestamps,
                 timestamp_begin,
                 vocab,
+                sentence_ends,
             },
             task_ids: [transcribe, translate, sot_lm],
             blank,
@@ -197,6 +207,7 @@ mod tests {
                 no_timestamps: 50362,
                 timestamp_begin: 50363,
                 vocab: 51864,
+                sentence_ends: vec![13, 30, 0, 986],
             }
         );
         assert_eq!(tok.task_ids(), [50358, 50357, 50359]);
