@@ -14,9 +14,9 @@
 //!   where a submission of 16 steps runs one in ≈ 0.33 ms; timestamps between the
 //!   dispatches of one pass summed to 0.54, worse), GB/s and % of a copy ceiling measured in
 //!   the same run (a vec4 copy kernel over two large buffers);
-//! - the per-kernel µs of verify passes of 1 to 16 positions side by side (where a
+//! - the per-kernel µs of verify passes of 1 to 32 positions side by side (where a
 //!   kernel's time steps up with the rows);
-//! - verify passes of 1..16 positions (speculative decoding's check of k = 0..15 drafts), ms
+//! - verify passes of 1..32 positions (speculative decoding's check of k = 0..31 drafts), ms
 //!   per pass, each followed by a rollback of all of them (the state is reused); and a
 //!   single step with none encoded ahead for its position (after a rollback): the step
 //!   encoded ahead for the next position moved back by its parameters (`retarget`), and
@@ -925,7 +925,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
 type PassLengthProfile = (usize, Vec<(&'static str, f64)>);
 
 /// Verify-pass lengths the by-length table profiles (those up to the model's most).
-const PROFILE_PASS_LENGTHS: [usize; 9] = [1, 2, 4, 8, 9, 11, 12, 13, 16];
+const PROFILE_PASS_LENGTHS: [usize; 12] = [1, 2, 4, 8, 9, 11, 12, 13, 16, 23, 29, 32];
 
 /// Per-kernel GPU µs a verify pass for each length of PROFILE_PASS_LENGTHS, from 8 timed
 /// passes each, rolled back. A pass's time does not grow evenly with its rows (jfk's

@@ -62,7 +62,7 @@ const MAXD: u32 = 1280u; // d_model (FFN_MAX_D in mod.rs)
 // made it 0.15 us slower on the H100: not done.) EARLY_BIAS = false (kernels/mod.rs,
 // VERBATIM_FFN_EARLY_BIAS=0) loads b1 where it is used, to compare; the same bits.
 const EARLY_BIAS: bool = true;
-const FIN_ROWS: u32 = 16u; // rows a dispatch takes (VERIFY_MAX_ROWS in mod.rs)
+const FIN_ROWS: u32 = 32u; // rows a dispatch takes (VERIFY_MAX_ROWS in mod.rs)
 
 var<workgroup> xn: array<f32, MAXD>; // LayerNorm(row)
 var<workgroup> tree: array<f32, WG>;

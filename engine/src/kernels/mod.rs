@@ -106,8 +106,11 @@ pub const GEMV_MAX_ROWS: u32 = 8;
 /// prompt's GEMV takes ([`GEMV_MAX_ROWS`]): a verify pass costs ~0.4 ms on the H200 whatever
 /// its rows (tiny.en: 1 position 0.38-0.44 ms, 8 0.53-0.59, 16 0.71-0.82), so a draft that
 /// holds (live mode's hint) is checked in fewer, longer passes: live replays 13-15 % faster
-/// on jfk and lhotse_2412 (bench/RESULTS.md 2026-12-05, second session).
-pub const VERIFY_MAX_ROWS: u32 = 16;
+/// on jfk and lhotse_2412 at 16 rows than at 8 (bench/RESULTS.md 2026-12-05, second
+/// session). 32 since 2026-12-06: a long window's hint (lhotse_2412's last windows hold
+/// 50 tokens) in two passes instead of four; priced by the draft-policy test before a
+/// device timed it (select.wgsl's SELECT_ROWS and ffn_decode.wgsl's FIN_ROWS follow it).
+pub const VERIFY_MAX_ROWS: u32 = 32;
 
 /// ffn_decode.wgsl as compiled (GELU prepended): the decoder's feed-forward block for up to
 /// [`VERIFY_MAX_ROWS`] rows in two dispatches.

@@ -48,7 +48,7 @@ struct Params {
     state_off: u32, rules_off: u32, done_off: u32, _p1: u32,
 }
 
-const SELECT_ROWS: u32 = 16u; // kernels/mod.rs SELECT_ROWS (= VERIFY_MAX_ROWS)
+const SELECT_ROWS: u32 = 32u; // kernels/mod.rs SELECT_ROWS (= VERIFY_MAX_ROWS)
 @group(0) @binding(0) var<uniform> ps: array<Params, SELECT_ROWS>;
 // This invocation's row's parameters (set 0 for the single-row entries), copied at entry.
 var<private> p: Params;

@@ -13,7 +13,7 @@
 //!   "LN +" is one GEMV dispatch (the norm folded in) and an attention over at most 256
 //!   keys one dispatch: 9 per layer. One submission and a 32-byte readback per call; the
 //!   logits stay on the GPU.
-//! - `verify(tokens)`: speculative decoding's check, up to 16 positions in one pass
+//! - `verify(tokens)`: speculative decoding's check, up to 32 positions in one pass
 //!   (`MAX_VERIFY`), every GEMV in its per-row form (each row bit-identical to a lone
 //!   decode step), the logits and the masked selection of every position, 32 bytes back
 //!   per position; `rollback` drops positions past the first rejected draft (the KV
@@ -1631,7 +1631,8 @@ mod tests {
         assert_eq!(verify_max_setting(None).unwrap(), MAX_VERIFY);
         assert_eq!(verify_max_setting(Some(" 8")).unwrap(), 8);
         assert_eq!(verify_max_setting(Some("1")).unwrap(), 1);
-        for bad in ["0", "17", "-1", "eight", ""] {
+        let past = (MAX_VERIFY + 1).to_string();
+        for bad in ["0", &past, "-1", "eight", ""] {
             assert!(verify_max_setting(Some(bad)).is_err(), "{bad:?}");
         }
         assert!(checked_verify_max(MAX_VERIFY + 1).is_err());
