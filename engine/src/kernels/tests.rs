@@ -94,6 +94,15 @@ fn run_linear_with(kern: &Kernels, r: &mut StdRng, m: usize, n: usize, k: usize,
     assert!(e < 1e-5, "linear coop={coop} m={m} n={n} k={k} bias={bias} gelu={gelu} acc={accumulate}: rel err {e} (against f16 x: {})", f16_x());
 }
 
+/// The row limits the WGSL sources declare are the Rust ones: a verify pass's rows index
+/// select.wgsl's parameter sets and ffn_decode.wgsl's final-norm counters by row.
+#[test]
+fn wgsl_row_limits_follow_verify_max_rows() {
+    let select = include_str!("select.wgsl");
+    assert!(select.contains(&format!("const SELECT_ROWS: u32 = {SELECT_ROWS}u;")), "select.wgsl's SELECT_ROWS is not {SELECT_ROWS}");
+    assert!(FFN_DECODE_SOURCE.contains(&format!("const FIN_ROWS: u32 = {VERIFY_MAX_ROWS}u;")), "ffn_decode.wgsl's FIN_ROWS is not {VERIFY_MAX_ROWS}");
+}
+
 #[test]
 fn linear_gemv_matches_reference() {
     let mut r = rng("linear_gemv");
