@@ -26,6 +26,7 @@ use super::draft::{Drafter, Speculative};
 use super::tokenizer::WhisperTokenizer;
 use super::{LogitSource, SpecialTokens, Step, StepRules, StepScores, TsState};
 use crate::audio::mel::LogMel;
+use crate::kernels::env_on;
 use crate::{Error, Result};
 
 /// Mel frames in one window: 30 s at 100 frames/s (faster-whisper's `nb_max_frames`).
@@ -404,20 +405,12 @@ pub fn decode_window(
     decode_window_of(src, prompt, sp, blank, opts, None)
 }
 
-/// Whether drafts know the window's audio end (`Drafter::with_audio_end`; the default:
-/// `VERBATIM_DRAFT_AUDIO_END=0` drafts as before 2026-12-05, to compare on a device).
-fn audio_end_drafts() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VERBATIM_DRAFT_AUDIO_END").map_or(true, |v| v != "0"))
-}
-
-/// Whether a closing time is drafted at the audio end after a sentence's end
-/// (`Drafter::with_sentence_ends`; the default: `VERBATIM_DRAFT_SENTENCE_END=0` drafts as
-/// before 2026-12-06, to compare on a device).
-fn sentence_end_drafts() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("VERBATIM_DRAFT_SENTENCE_END").map_or(true, |v| v != "0"))
-}
+/// Drafts know the window's audio end (`Drafter::with_audio_end`) unless
+/// `VERBATIM_DRAFT_AUDIO_END=0` (as before 2026-12-05), and draft a closing time there after
+/// a sentence's end (`Drafter::with_sentence_ends`) unless `VERBATIM_DRAFT_SENTENCE_END=0`
+/// (as before 2026-12-06): switches to compare on a device, read once a window.
+const AUDIO_END_DRAFTS: &str = "VERBATIM_DRAFT_AUDIO_END";
+const SENTENCE_END_DRAFTS: &str = "VERBATIM_DRAFT_SENTENCE_END";
 
 /// The batch of device-picked steps to record next, given the window's `content` seconds
 /// of audio (not the zero padding): with timestamps, the last timestamp so far says how far
@@ -519,9 +512,9 @@ pub fn decode_window_of(
     // Speculative decoding: drafts only where the source can verify them.
     let max_verify = if opts.speculative == Speculative::Off { 0 } else { src.max_verify() };
     let mut drafter = Drafter::new(&opts.draft_hint, sp.eot, if timestamps { sp.timestamp_begin } else { u32::MAX });
-    if let Some(seconds) = content.filter(|_| audio_end_drafts()) {
+    if let Some(seconds) = content.filter(|_| env_on(AUDIO_END_DRAFTS)) {
         drafter = drafter.with_audio_end(seconds);
-        if sentence_end_drafts() {
+        if env_on(SENTENCE_END_DRAFTS) {
             drafter = drafter.with_sentence_ends(&sp.sentence_ends);
         }
     }

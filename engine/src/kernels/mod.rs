@@ -441,8 +441,9 @@ pub fn switched(src: &str, name: &str, on: bool) -> Result<String> {
     rewrite_source(name, src, &[(&from, &to)])
 }
 
-/// Whether the environment leaves a switch on (anything but `VAR=0`).
-fn env_on(var: &str) -> bool {
+/// Whether the environment leaves a switch on (anything but `VAR=0`): the switches that
+/// keep an older form of a kernel or a policy to compare on a device.
+pub(crate) fn env_on(var: &str) -> bool {
     std::env::var(var).map_or(true, |v| v != "0")
 }
 
@@ -1114,6 +1115,7 @@ impl Kernels {
         let tile = GemmTile::NARROW;
         let ffn_late = std::env::var("VERBATIM_FFN_LATE");
         let pass_rows_min = gemv_pass_rows_min(std::env::var("VERBATIM_GEMV_PASS_ROWS").as_deref().unwrap_or(""))?;
+        let norm_planes_src = switched(SPLIT_F16_SOURCE, "NORM_AHEAD", env_on("VERBATIM_NORM_AHEAD"))?;
         // The planes GEMMs over 32-row tiles (32 x 64, and 32 x 128 for wide GEMMs).
         let planes_narrow = gpu.info.coop_matrix
             && std::env::var("VERBATIM_GEMM_PLANES").map_or(true, |v| v != "0")
@@ -1164,8 +1166,8 @@ impl Kernels {
                 _ => GEMM_PLANES_NARROW_MAX_N,
             },
             split_planes: gpu.kernel_entry("split_f16", SPLIT_F16_SOURCE, "main_rows", &[R, W])?,
-            norm_planes: gpu.kernel_entry("layernorm_planes", &switched(SPLIT_F16_SOURCE, "NORM_AHEAD", env_on("VERBATIM_NORM_AHEAD"))?, "main_norm_rows", &[R, W, R, R])?,
-            norm_planes_rows: gpu.kernel_entry("layernorm_planes_rows", &switched(SPLIT_F16_SOURCE, "NORM_AHEAD", env_on("VERBATIM_NORM_AHEAD"))?, "main_norm_rows_out", &[R, W, R, R, W])?,
+            norm_planes: gpu.kernel_entry("layernorm_planes", &norm_planes_src, "main_norm_rows", &[R, W, R, R])?,
+            norm_planes_rows: gpu.kernel_entry("layernorm_planes_rows", &norm_planes_src, "main_norm_rows_out", &[R, W, R, R, W])?,
             norm_into_planes: std::env::var("VERBATIM_NORM_PLANES").map_or(true, |v| v != "0"),
             gemm_into_planes: std::env::var("VERBATIM_EPILOGUE_PLANES").map_or(true, |v| v != "0"),
             merge_into_planes: std::env::var("VERBATIM_MERGE_PLANES").map_or(true, |v| v != "0"),
