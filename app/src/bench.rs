@@ -79,6 +79,12 @@ pub struct Args {
     #[arg(long, value_name = "WAV")]
     file: Option<PathBuf>,
 
+    /// Only the live replay (drafts off and ngram, verify passes as shipped) of each of these
+    /// files, one table row each way per file, after a warm-up before each file: speculative
+    /// decoding's ms per emitted token across real speech (needs a real model directory).
+    #[arg(long, value_name = "WAV", num_args = 1.., conflicts_with_all = ["file", "synthetic"])]
+    live_files: Vec<PathBuf>,
+
     /// Copy-ceiling buffer size in MiB (clamped to the adapter's binding limit).
     #[arg(long, default_value_t = 512)]
     copy_mib: u64,
@@ -213,6 +219,9 @@ fn bench(args: &Args) -> Result<(), String> {
         (None, Some(dir)) => (dir.clone(), false),
         (None, None) => (engine::models::whisper::default_model_dir(), false),
     };
+    if !args.live_files.is_empty() {
+        return live_files(gpu, &dir, args);
+    }
     let ck = Checkpoint::open(&dir).map_err(|e| e.to_string())?;
     let dims = ck.dims;
     let (eot, ts_begin, no_speech) = specials(&dir, dims.vocab as u32, synthetic)?;
@@ -620,7 +629,7 @@ fn bench(args: &Args) -> Result<(), String> {
             st.min / tx.audio_seconds
         )];
         lines.extend(file_drafts(&mut tr, file, batches)?);
-        lines.extend(live_replay(&mut tr, file, batches)?);
+        lines.extend(live_replay(&mut tr, file, batches, true)?);
         file_line = Some(lines.join("\n"));
     }
 
@@ -822,12 +831,45 @@ fn file_drafts(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     Ok(rows)
 }
 
+/// `--live-files`: [`live_replay`] (drafts off and ngram only) of each file in turn, the GPU
+/// warmed on the file's first second before each, then one table of every file's rows.
+fn live_files(gpu: Arc<Gpu>, dir: &Path, args: &Args) -> Result<(), String> {
+    let err = |e: engine::Error| e.to_string();
+    let batches = args.batches.max(1);
+    let mut tr = Transcriber::load_with(gpu.clone(), dir, args.quant).map_err(err)?;
+    let mut rows = Vec::new();
+    for file in &args.live_files {
+        let audio = engine::audio::decode_wav_file(file).map_err(err)?.to_mono_16k().map_err(err)?;
+        let head = &audio[..audio.len().min(16_000)];
+        let warm = if gpu.info.is_cpu() {
+            String::new()
+        } else {
+            let opts = Options::default();
+            let w = warm_up(|| tr.transcribe_samples(head, &opts, &mut |_| {}).map(|_| ()).map_err(err))?;
+            format!(" (warm-up {:.0} ms, {})", w.elapsed_ms, w.describe("first second"))
+        };
+        let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+        eprintln!("{name}: {:.1} s{warm}", audio.len() as f64 / 16_000.0);
+        for row in live_replay(&mut tr, file, batches, false)? {
+            rows.push(row.replacen("| live replay (", &format!("| {name}: live replay ("), 1));
+        }
+    }
+    println!();
+    println!("| measure | min | spread | note |");
+    println!("|---|---:|---:|---|");
+    for row in rows {
+        println!("{row}");
+    }
+    Ok(())
+}
+
 /// Live mode's work on `file`: its prefixes every 0.5 s (from 1 s) transcribed in turn, each
 /// with the previous prefix's tokens as the draft hint (what live mode's recognizer does),
-/// against the same without drafts, with steps after a rollback recorded anew (no
-/// `retarget`), and with verify passes cut to 8 positions (their length before
-/// 2026-12-05). Table rows: decode ms per token each way.
-fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<String>, String> {
+/// against the same without drafts; with `variants`, also with steps after a rollback
+/// recorded anew (no `retarget`), with verify passes cut to 8 positions (their length before
+/// 2026-12-05), and encoded through wgpu against replayed. Table rows: decode ms per token
+/// each way.
+fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool) -> Result<Vec<String>, String> {
     use engine::decode::draft::Speculative;
     use engine::decode::whisper::SpecStats;
     let err = |e: engine::Error| e.to_string();
@@ -843,14 +885,14 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     // (drafts, most positions a pass, a step encoded ahead moved back after a rollback,
     // verify passes replayed)
     let mut runs = vec![(Speculative::Off, most, retarget, replay), (Speculative::Ngram, most, retarget, replay)];
-    if replay {
+    if variants && replay {
         runs.push((Speculative::Ngram, most, retarget, false));
         runs.push((Speculative::Ngram, most, retarget, true));
     }
-    if retarget {
+    if retarget && variants {
         runs.push((Speculative::Ngram, most, false, replay));
     }
-    if most > 8 {
+    if most > 8 && variants {
         runs.push((Speculative::Ngram, 8, retarget, replay));
     }
     for (spec, verify_max, moved, replayed) in runs {
