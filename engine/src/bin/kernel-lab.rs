@@ -1172,6 +1172,105 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
         row.check = check("vs CPU")?;
         rows.push(row);
     }
+    rows.extend(grid_sync_hbm_rows(lab, &sync)?);
+    Ok(rows)
+}
+
+/// GEMVs of grid_sync_rows' chain over this many distinct 384 x 384 matrices (127 MB, past
+/// the H100's 50 MB and the H200's 60 MB of L2), so each phase's weights come from HBM.
+const GRID_HBM_GEMVS: u32 = 432;
+
+/// What a persistent decode step would save per phase where a step's dispatches pay what
+/// they pay in the engine: weights from HBM, new parameters and new code at every dispatch.
+/// The same GEMV (grid_sync.wgsl) as GRID_HBM_GEMVS dependent dispatches, each with its own
+/// parameter block, one program or four in turn (the products in four orders); against all
+/// phases in one dispatch with a grid barrier between them, the next weights loaded before
+/// each barrier or after it. Each row's time is per phase; each checked against the CPU.
+fn grid_sync_hbm_rows(lab: &Lab, sync: &wgpu::Buffer) -> LabResult<Vec<Row>> {
+    let gpu = lab.gpu;
+    let rw = Access::ReadWrite;
+    let layout = [Access::Read, rw, rw, rw];
+    let phase = gpu.kernel_entry("lab.grid.phase", GRID_SYNC, "main_phase", &layout)?;
+    let rot: Vec<Arc<Kernel>> = ["main_phase_r1", "main_phase_r2", "main_phase_r3"]
+        .iter()
+        .map(|e| gpu.kernel_entry(static_name(&format!("lab.grid.{e}")), GRID_SYNC, e, &layout))
+        .collect::<Result<_, _>>()?;
+    let chain_atomic = gpu.kernel_entry("lab.grid.chain_atomic", GRID_SYNC, "main_chain_atomic", &layout)?;
+    let late = gpu.kernel_entry("lab.grid.chain_late", GRID_SYNC, "main_chain_late", &layout)?;
+    let (n, phases) = (GRID_N, GRID_HBM_GEMVS);
+    let mut st = 0x4b4d_0a11u64;
+    let scale = (3.0 / n as f32).sqrt();
+    let wbits: Vec<u16> =
+        (0..phases as usize * n * n).map(|_| half::f16::from_f32(unit(&mut st) * scale).to_bits()).collect();
+    let x0: Vec<f32> = (0..n).map(|_| unit(&mut st)).collect();
+    let mut want: Vec<f64> = x0.iter().map(|&v| v as f64).collect();
+    for wi in wbits.chunks_exact(n * n) {
+        let mut y = vec![0f64; n];
+        for (kk, row) in wi.chunks_exact(n).enumerate() {
+            for (o, b) in y.iter_mut().zip(row) {
+                *o += want[kk] * half::f16::from_bits(*b).to_f64();
+            }
+        }
+        want = y;
+    }
+    let w = gpu.upload("lab grid hbm w", bytemuck::cast_slice(&wbits))?;
+    drop(wbits);
+    let xs = gpu.buffer("lab grid hbm x", (phases as u64 + 1) * n as u64 * 4)?;
+    let bytes = (n * n * 2 + n * 8) as u64;
+    let poison = || {
+        gpu.fill_u32(&xs, 0x7fc0_0000);
+        gpu.write(&xs, 0, bytemuck::cast_slice(&x0));
+        gpu.fill_u32(sync, 0);
+    };
+    let check = || -> LabResult<String> {
+        let timeouts = gpu.read_u32(sync, 1, 1)?[0];
+        if timeouts != 0 {
+            return Ok(format!("WRONG ({timeouts} spins gave up)"));
+        }
+        let got = gpu.read_f32(&xs, phases as u64 * n as u64, n)?;
+        let rel = rel_to(&got, &want);
+        Ok(if rel <= REL_BOUND { format!("ok vs CPU (rel {rel:.1e})") } else { format!("WRONG vs CPU (rel {rel:.1e})") })
+    };
+    let mut rows = Vec::new();
+    let binds: Vec<wgpu::BindGroup> = (0..phases)
+        .map(|i| lab.bind(&phase, &lab.uniform(&[phases, GRID_TILES, i, 0, n as u32, n as u32, 0, 0]), &[&w, &xs, sync, &xs]))
+        .collect();
+    let mixed: [&Kernel; 4] = [&phase, &rot[0], &rot[1], &rot[2]];
+    for (name, kernels, what) in [
+        ("grid.hbm.dispatches", &mixed[..1], "one program"),
+        ("grid.hbm.dispatches.mixed", &mixed[..], "four programs in turn"),
+    ] {
+        eprintln!("  {name}");
+        poison();
+        let mut row = Row::new(
+            Section::Probe,
+            name,
+            &format!("{phases} dependent 384x384 GEMVs over as many matrices (HBM), a dispatch of {GRID_TILES} workgroups and a parameter block each, {what} (per GEMV)"),
+        );
+        row.dep = Some(lab.time_mixed(kernels, &binds, [GRID_TILES, 1], phases)?);
+        row.bytes = Some(bytes);
+        row.check = check()?;
+        rows.push(row);
+    }
+    for (name, k, groups, what) in [
+        ("grid.hbm.sync132", &chain_atomic, 132u32, "next weights loaded before each barrier, x by atomic loads"),
+        ("grid.hbm.sync12", &chain_atomic, GRID_TILES, "next weights loaded before each barrier, x by atomic loads"),
+        ("grid.hbm.sync12.late", &late, GRID_TILES, "weights loaded after each barrier, x by plain loads"),
+    ] {
+        eprintln!("  {name}");
+        poison();
+        let bind = lab.bind(k, &lab.uniform(&[phases, groups, 0, 0, 0, 0, 0, 0]), &[&w, &xs, sync, &xs]);
+        let mut row = Row::new(
+            Section::Probe,
+            name,
+            &format!("{phases} GEMVs over as many matrices (HBM) in one dispatch of {groups} workgroups, a grid barrier between, {what} (per GEMV)"),
+        );
+        let t = lab.time(k, &[bind], [groups, 1], 1)?;
+        row.dep = Some(Timing { best: t.best / phases as f64, worst: t.worst / phases as f64, ..t });
+        row.bytes = Some(bytes);
+        row.check = check()?;
+        rows.push(row);
+    }
     Ok(rows)
 }
 

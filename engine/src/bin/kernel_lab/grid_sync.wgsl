@@ -25,6 +25,9 @@
 // - `main_chain_atomic`: main_chain reading x through atomic loads (`xa`, the same buffer).
 // - `main_phase_dyn`: main_phase with N and K read from the parameters, as the engine's
 //   kernels take every shape (what compile-time dimensions are worth).
+// - `main_phase_r1`, `_r2`, `_r3`: main_phase with its six products in another order (the
+//   same work, other code): a chain that takes them in turn changes program at every
+//   dispatch, as a decode step's kernels do.
 //
 // Plain loads are not enough inside one dispatch: on the H200 (NVIDIA 580) a load after the
 // barrier can return a line that this SM's L1 cached earlier in the dispatch (main_barrier
@@ -161,19 +164,35 @@ fn gemv_phase(i: u32, tile: u32, lid: u32, wv: W6, xv: X6) {
 }
 
 fn gemv_phase_dims(i: u32, tile: u32, lid: u32, wv: W6, xv: X6, n: u32) {
-    let x0 = xv.a;
-    let x1 = xv.b;
-    let x2 = xv.c;
-    let x3 = xv.d;
-    let x4 = xv.e;
-    let x5 = xv.f;
     var acc = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-    mac(&acc, wv.a, x0);
-    mac(&acc, wv.b, x1);
-    mac(&acc, wv.c, x2);
-    mac(&acc, wv.d, x3);
-    mac(&acc, wv.e, x4);
-    mac(&acc, wv.f, x5);
+    mac(&acc, wv.a, xv.a);
+    mac(&acc, wv.b, xv.b);
+    mac(&acc, wv.c, xv.c);
+    mac(&acc, wv.d, xv.d);
+    mac(&acc, wv.e, xv.e);
+    mac(&acc, wv.f, xv.f);
+    gemv_finish(i, tile, lid, acc, n);
+}
+
+// The six products rotated by `rot` (a constant at each call, so each entry compiles to
+// its own order), written out: a private array indexed in a loop may land in local memory.
+fn gemv_phase_rot(i: u32, tile: u32, lid: u32, wv: W6, xv: X6, rot: u32) {
+    var acc = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (rot == 1u) {
+        mac(&acc, wv.b, xv.b); mac(&acc, wv.c, xv.c); mac(&acc, wv.d, xv.d);
+        mac(&acc, wv.e, xv.e); mac(&acc, wv.f, xv.f); mac(&acc, wv.a, xv.a);
+    } else if (rot == 2u) {
+        mac(&acc, wv.c, xv.c); mac(&acc, wv.d, xv.d); mac(&acc, wv.e, xv.e);
+        mac(&acc, wv.f, xv.f); mac(&acc, wv.a, xv.a); mac(&acc, wv.b, xv.b);
+    } else {
+        mac(&acc, wv.d, xv.d); mac(&acc, wv.e, xv.e); mac(&acc, wv.f, xv.f);
+        mac(&acc, wv.a, xv.a); mac(&acc, wv.b, xv.b); mac(&acc, wv.c, xv.c);
+    }
+    gemv_finish(i, tile, lid, acc, N);
+}
+
+// The tile's 32 sums of `acc` over the K lanes, stored as x[i + 1]'s outputs.
+fn gemv_finish(i: u32, tile: u32, lid: u32, acc: array<vec4<f32>, 2>, n: u32) {
     // 64 K lanes x 4 words: lanes l, l + 16, l + 32, l + 48 then the 16 that are left.
     red[2u * lid] = acc[0];
     red[2u * lid + 1u] = acc[1];
@@ -205,6 +224,21 @@ fn gemv_phase_dims(i: u32, tile: u32, lid: u32, wv: W6, xv: X6, n: u32) {
 @compute @workgroup_size(256)
 fn main_phase(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     gemv_phase(p.c, wg.x, lid, load_w(p.c, wg.x, lid), load_x(p.c, lid));
+}
+
+@compute @workgroup_size(256)
+fn main_phase_r1(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    gemv_phase_rot(p.c, wg.x, lid, load_w(p.c, wg.x, lid), load_x(p.c, lid), 1u);
+}
+
+@compute @workgroup_size(256)
+fn main_phase_r2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    gemv_phase_rot(p.c, wg.x, lid, load_w(p.c, wg.x, lid), load_x(p.c, lid), 2u);
+}
+
+@compute @workgroup_size(256)
+fn main_phase_r3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    gemv_phase_rot(p.c, wg.x, lid, load_w(p.c, wg.x, lid), load_x(p.c, lid), 3u);
 }
 
 @compute @workgroup_size(256)
