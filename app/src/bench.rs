@@ -27,6 +27,11 @@
 //!   token, acceptance, tokens per verify pass; every prefix's text must be the same both
 //!   ways (else the bench stops: a draft may never change the text).
 //!
+//! - `--live-files WAV...`, in place of every other section: for each file, the live replay
+//!   (drafts off and ngram) and live mode itself (`LiveSession` fed the file in 30 ms
+//!   pieces, decoding when it asks, with its prompt, trimming and drafts), then the
+//!   token-weighted figures over all files;
+//!
 //! - the draft models of `--speculative self-q8|self-q4`: ms per `draft` call of 1 and 7
 //!   tokens (one submission each) at depths 1, half and all of the decoder's layers;
 //! - with `--file`, the file transcribed with every draft source: decode ms per emitted
@@ -629,7 +634,7 @@ fn bench(args: &Args) -> Result<(), String> {
             st.min / tx.audio_seconds
         )];
         lines.extend(file_drafts(&mut tr, file, batches)?);
-        lines.extend(live_replay(&mut tr, file, batches, true)?);
+        lines.extend(live_replay(&mut tr, file, batches, true)?.into_iter().map(|r| r.line));
         file_line = Some(lines.join("\n"));
     }
 
@@ -838,6 +843,9 @@ fn live_files(gpu: Arc<Gpu>, dir: &Path, args: &Args) -> Result<(), String> {
     let batches = args.batches.max(1);
     let mut tr = Transcriber::load_with(gpu.clone(), dir, args.quant).map_err(err)?;
     let mut rows = Vec::new();
+    // (a live session, drafts on, tokens, decode ms) over every file: the token-weighted
+    // figure of each kind of row.
+    let mut totals: Vec<(bool, bool, usize, f64)> = Vec::new();
     for file in &args.live_files {
         let audio = engine::audio::decode_wav_file(file).map_err(err)?.to_mono_16k().map_err(err)?;
         let head = &audio[..audio.len().min(16_000)];
@@ -850,8 +858,17 @@ fn live_files(gpu: Arc<Gpu>, dir: &Path, args: &Args) -> Result<(), String> {
         };
         let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
         eprintln!("{name}: {:.1} s{warm}", audio.len() as f64 / 16_000.0);
-        for row in live_replay(&mut tr, file, batches, false)? {
-            rows.push(row.replacen("| live replay (", &format!("| {name}: live replay ("), 1));
+        let mut file_rows = live_replay(&mut tr, file, batches, false)?;
+        file_rows.extend(live_session_replay(&mut tr, &audio, batches)?);
+        for row in file_rows {
+            rows.push(row.line.replacen("| live ", &format!("| {name}: live "), 1));
+            match totals.iter_mut().find(|t| (t.0, t.1) == (row.session, row.drafts)) {
+                Some(t) => {
+                    t.2 += row.tokens;
+                    t.3 += row.ms_per_token * row.tokens as f64;
+                }
+                None => totals.push((row.session, row.drafts, row.tokens, row.ms_per_token * row.tokens as f64)),
+            }
         }
     }
     println!();
@@ -860,7 +877,90 @@ fn live_files(gpu: Arc<Gpu>, dir: &Path, args: &Args) -> Result<(), String> {
     for row in rows {
         println!("{row}");
     }
+    for (session, drafts, tokens, ms) in totals {
+        println!(
+            "| over {} file(s), {}, drafts {}: decode ms per emitted token | {:.4} | | {tokens} tokens; each file's best batch, weighted by its tokens |",
+            args.live_files.len(),
+            if session { "live sessions" } else { "prefix replays" },
+            if drafts { "ngram" } else { "off" },
+            ms / tokens.max(1) as f64
+        );
+    }
     Ok(())
+}
+
+/// Live mode itself on `audio`: a [`LiveSession`](engine::live::session::LiveSession) fed
+/// the file in 30 ms pieces, decoding whenever it asks (every 0.5 s of new audio while
+/// there is speech), with its committed-text prompt, its buffer trimmed at committed
+/// segments and its hypothesis as the next decode's draft, as the microphone path runs it
+/// when each decode takes less than the 0.5 s it waits for. Drafts off and ngram, the
+/// committed text the same both ways (else the bench stops). Rows as [`live_replay`]'s.
+fn live_session_replay(tr: &mut Transcriber, audio: &[f32], batches: usize) -> Result<Vec<LiveRow>, String> {
+    use engine::decode::draft::Speculative;
+    use engine::live::session::LiveSession;
+    use engine::live::{LiveOptions, Recognizer, Whisper};
+    let err = |e: engine::Error| e.to_string();
+    let cancel = engine::decode::CancelFlag::new();
+    let mut rows = Vec::new();
+    let mut texts = Vec::new();
+    for spec in [Speculative::Off, Speculative::Ngram] {
+        let mut opts = LiveOptions::default();
+        opts.decode.speculative = spec;
+        let mut per_token = Vec::new();
+        let mut last = (0usize, 0usize, engine::decode::whisper::SpecStats::default());
+        for b in 0..=batches {
+            let mut session = LiveSession::new(opts.clone());
+            let mut rec = Whisper::new(tr, opts.decode.clone());
+            for piece in audio.chunks(480) {
+                session.push_audio(piece, Instant::now());
+                if session.wants_decode() {
+                    session.step(&mut rec, &cancel, false).map_err(err)?;
+                }
+            }
+            session.finish(&mut rec, &cancel).map_err(err)?;
+            let (tokens, seconds) = rec.decoded();
+            if b == 0 {
+                texts.push(session.committed_text().to_string());
+            } else {
+                per_token.push(seconds * 1e3 / tokens.max(1) as f64);
+            }
+            last = (session.decodes(), tokens, rec.spec());
+        }
+        let st = stat(&per_token);
+        let (decodes, tokens, sp) = last;
+        let line = format!(
+            "| live session ({decodes} decodes, {tokens} tokens), drafts {}: decode ms/token | {:.4} | {:.2} | {} |",
+            spec.name(),
+            st.min,
+            st.spread,
+            if spec == Speculative::Off {
+                "one position per pass".to_string()
+            } else {
+                format!(
+                    "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft)",
+                    sp.acceptance() * 100.0,
+                    sp.tokens_per_pass(),
+                    sp.passes,
+                    sp.alone
+                )
+            }
+        );
+        rows.push(LiveRow { line, session: true, drafts: spec != Speculative::Off, tokens, ms_per_token: st.min });
+    }
+    if texts.iter().any(|t| *t != texts[0]) {
+        return Err("the live session's committed text differs with and without drafts: speculative decoding changed the output".into());
+    }
+    Ok(rows)
+}
+
+/// One row of [`live_replay`]: the table line, and what an aggregate over files needs.
+struct LiveRow {
+    line: String,
+    /// A live session (`live_session_replay`) rather than prefixes (`live_replay`).
+    session: bool,
+    drafts: bool,
+    tokens: usize,
+    ms_per_token: f64,
 }
 
 /// Live mode's work on `file`: its prefixes every 0.5 s (from 1 s) transcribed in turn, each
@@ -869,7 +969,7 @@ fn live_files(gpu: Arc<Gpu>, dir: &Path, args: &Args) -> Result<(), String> {
 /// recorded anew (no `retarget`), with verify passes cut to 8 positions (their length before
 /// 2026-12-05), and encoded through wgpu against replayed. Table rows: decode ms per token
 /// each way.
-fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool) -> Result<Vec<String>, String> {
+fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool) -> Result<Vec<LiveRow>, String> {
     use engine::decode::draft::Speculative;
     use engine::decode::whisper::SpecStats;
     let err = |e: engine::Error| e.to_string();
@@ -934,7 +1034,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool
         if spec != Speculative::Off {
             passes += if replayed { ", replayed" } else { ", encoded through wgpu" };
         }
-        rows.push(format!(
+        let line = format!(
             "| live replay ({} decodes of 0.5 s steps, {tokens} tokens), drafts {}{passes}: decode ms/token | {:.4} | {:.2} | {} |",
             ends.len(),
             spec.name(),
@@ -952,7 +1052,8 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool
                     sp.describe_positions()
                 )
             }
-        ));
+        );
+        rows.push(LiveRow { line, session: false, drafts: spec != Speculative::Off, tokens, ms_per_token: st.min });
     }
     tr.set_verify_max(most).map_err(err)?;
     tr.set_retarget(retarget);

@@ -164,11 +164,21 @@ pub struct Whisper<'a> {
     /// The last hypothesis's tokens: the next decode's draft (the same audio and 0.5 s more).
     last_tokens: Vec<u32>,
     spec: SpecStats,
+    /// Tokens decoded and seconds in the decode loops over all requests (a benchmark's
+    /// ms per emitted token).
+    tokens: usize,
+    decode_seconds: f64,
 }
 
 impl<'a> Whisper<'a> {
     pub fn new(transcriber: &'a mut Transcriber, decode: DecodeOptions) -> Self {
-        Whisper { transcriber, decode, last_tokens: Vec::new(), spec: SpecStats::default() }
+        Whisper { transcriber, decode, last_tokens: Vec::new(), spec: SpecStats::default(), tokens: 0, decode_seconds: 0.0 }
+    }
+
+    /// Tokens emitted and seconds spent in the decode loops ("decode steps") over all
+    /// requests so far.
+    pub fn decoded(&self) -> (usize, f64) {
+        (self.tokens, self.decode_seconds)
     }
 }
 
@@ -190,6 +200,8 @@ impl Recognizer for Whisper<'_> {
         let opts = Options { timestamps: true, decode };
         let t = self.transcriber.transcribe_samples(req.samples, &opts, &mut |_| {})?;
         self.spec.add(&t.spec);
+        self.tokens += t.tokens;
+        self.decode_seconds += t.stages.iter().filter(|s| s.name == "decode steps").map(|s| s.seconds).sum::<f64>();
         self.last_tokens = t.segments.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         Ok(t.segments.into_iter().map(|s| HypSegment { start: s.start, end: s.end, text: s.text }).collect())
     }
