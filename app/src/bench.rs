@@ -933,17 +933,7 @@ fn live_session_replay(tr: &mut Transcriber, audio: &[f32], batches: usize) -> R
             spec.name(),
             st.min,
             st.spread,
-            if spec == Speculative::Off {
-                "one position per pass".to_string()
-            } else {
-                format!(
-                    "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft)",
-                    sp.acceptance() * 100.0,
-                    sp.tokens_per_pass(),
-                    sp.passes,
-                    sp.alone
-                )
-            }
+            spec_note(spec, &sp)
         );
         rows.push(LiveRow { line, session: true, drafts: spec != Speculative::Off, tokens, ms_per_token: st.min });
     }
@@ -951,6 +941,21 @@ fn live_session_replay(tr: &mut Transcriber, audio: &[f32], batches: usize) -> R
         return Err("the live session's committed text differs with and without drafts: speculative decoding changed the output".into());
     }
     Ok(rows)
+}
+
+/// A live row's note: what the drafts did.
+fn spec_note(spec: engine::decode::draft::Speculative, sp: &engine::decode::whisper::SpecStats) -> String {
+    if spec == engine::decode::draft::Speculative::Off {
+        return "one position per pass".to_string();
+    }
+    format!(
+        "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft); passes by positions: {}",
+        sp.acceptance() * 100.0,
+        sp.tokens_per_pass(),
+        sp.passes,
+        sp.alone,
+        sp.describe_positions()
+    )
 }
 
 /// One row of [`live_replay`]: the table line, and what an aggregate over files needs.
@@ -1040,18 +1045,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool
             spec.name(),
             st.min,
             st.spread,
-            if spec == Speculative::Off {
-                "one position per pass".to_string()
-            } else {
-                format!(
-                    "{:.0} % of drafts accepted, {:.2} tokens per verify pass ({} passes), {} positions alone (no draft); passes by positions: {}",
-                    sp.acceptance() * 100.0,
-                    sp.tokens_per_pass(),
-                    sp.passes,
-                    sp.alone,
-                    sp.describe_positions()
-                )
-            }
+            spec_note(spec, &sp)
         );
         rows.push(LiveRow { line, session: false, drafts: spec != Speculative::Off, tokens, ms_per_token: st.min });
     }

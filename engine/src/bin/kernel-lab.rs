@@ -956,6 +956,30 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
     Ok(rows)
 }
 
+/// grid_sync.wgsl's GEMV chain for `phases` GEMVs: the weights (f16 bits, [phases][K][N],
+/// scaled to keep |x| near 1), x[0], and the CPU's x[1..=phases].
+fn gemv_chain_inputs(phases: u32, seed: u64) -> (Vec<u16>, Vec<f32>, Vec<Vec<f64>>) {
+    let n = GRID_N;
+    let mut st = seed;
+    let scale = (3.0 / n as f32).sqrt();
+    let wbits: Vec<u16> =
+        (0..phases as usize * n * n).map(|_| half::f16::from_f32(unit(&mut st) * scale).to_bits()).collect();
+    let x0: Vec<f32> = (0..n).map(|_| unit(&mut st)).collect();
+    let mut x: Vec<f64> = x0.iter().map(|&v| v as f64).collect();
+    let mut rows = Vec::with_capacity(phases as usize);
+    for wi in wbits.chunks_exact(n * n) {
+        let mut y = vec![0f64; n];
+        for (kk, row) in wi.chunks_exact(n).enumerate() {
+            for (o, b) in y.iter_mut().zip(row) {
+                *o += x[kk] * half::f16::from_bits(*b).to_f64();
+            }
+        }
+        rows.push(y.clone());
+        x = y;
+    }
+    (wbits, x0, rows)
+}
+
 /// Phases of grid_sync.wgsl's GEMV chain (a tiny.en decode step is 37 dependent kernels).
 const GRID_GEMVS: u32 = 36;
 /// grid_sync.wgsl's GEMV shape and the workgroups that compute it (N / 32).
@@ -984,23 +1008,8 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
 
     // The GEMV chain: x[i + 1] = W[i] x[i], weights scaled to keep |x| near 1.
     let n = GRID_N;
-    let mut st = 0x9e1d_5eedu64;
-    let scale = (3.0 / n as f32).sqrt();
-    let wbits: Vec<u16> =
-        (0..GRID_GEMVS as usize * n * n).map(|_| half::f16::from_f32(unit(&mut st) * scale).to_bits()).collect();
-    let x0: Vec<f32> = (0..n).map(|_| unit(&mut st)).collect();
-    let mut x: Vec<f64> = x0.iter().map(|&v| v as f64).collect();
-    let mut want_rows = Vec::new();
-    for wi in wbits.chunks_exact(n * n) {
-        let mut y = vec![0f64; n];
-        for (kk, row) in wi.chunks_exact(n).enumerate() {
-            for (o, b) in y.iter_mut().zip(row) {
-                *o += x[kk] * half::f16::from_bits(*b).to_f64();
-            }
-        }
-        want_rows.push(y.clone());
-        x = y;
-    }
+    let (wbits, x0, want_rows) = gemv_chain_inputs(GRID_GEMVS, 0x9e1d_5eed);
+    let x = want_rows.last().expect("a chain of GEMVs").clone();
     let w = gpu.upload("lab grid gemv w", bytemuck::cast_slice(&wbits))?;
     // Rows start 128-byte aligned (wgpu aligns buffers to at least 256 bytes) or, with
     // `skew` = 2 floats before x[0], straddle the lines.
@@ -1198,21 +1207,9 @@ fn grid_sync_hbm_rows(lab: &Lab, sync: &wgpu::Buffer) -> LabResult<Vec<Row>> {
     let chain_atomic = gpu.kernel_entry("lab.grid.chain_atomic", GRID_SYNC, "main_chain_atomic", &layout)?;
     let late = gpu.kernel_entry("lab.grid.chain_late", GRID_SYNC, "main_chain_late", &layout)?;
     let (n, phases) = (GRID_N, GRID_HBM_GEMVS);
-    let mut st = 0x4b4d_0a11u64;
-    let scale = (3.0 / n as f32).sqrt();
-    let wbits: Vec<u16> =
-        (0..phases as usize * n * n).map(|_| half::f16::from_f32(unit(&mut st) * scale).to_bits()).collect();
-    let x0: Vec<f32> = (0..n).map(|_| unit(&mut st)).collect();
-    let mut want: Vec<f64> = x0.iter().map(|&v| v as f64).collect();
-    for wi in wbits.chunks_exact(n * n) {
-        let mut y = vec![0f64; n];
-        for (kk, row) in wi.chunks_exact(n).enumerate() {
-            for (o, b) in y.iter_mut().zip(row) {
-                *o += want[kk] * half::f16::from_bits(*b).to_f64();
-            }
-        }
-        want = y;
-    }
+    let (wbits, x0, mut rows_want) = gemv_chain_inputs(phases, 0x4b4d_0a11);
+    let want = rows_want.pop().expect("a chain of GEMVs");
+    drop(rows_want);
     let w = gpu.upload("lab grid hbm w", bytemuck::cast_slice(&wbits))?;
     drop(wbits);
     let xs = gpu.buffer("lab grid hbm x", (phases as u64 + 1) * n as u64 * 4)?;
