@@ -84,9 +84,10 @@ pub struct Args {
     #[arg(long, value_name = "WAV")]
     file: Option<PathBuf>,
 
-    /// Only the live replay (drafts off and ngram, verify passes as shipped) of each of these
-    /// files, one table row each way per file, after a warm-up before each file: speculative
-    /// decoding's ms per emitted token across real speech (needs a real model directory).
+    /// Only live mode on each of these files, drafts off and ngram: the prefix replay (as
+    /// with --file) and a live session fed the file, after a warm-up before each file, then
+    /// the token-weighted figures over all files: speculative decoding's ms per emitted token
+    /// across real speech (needs a real model directory).
     #[arg(long, value_name = "WAV", num_args = 1.., conflicts_with_all = ["file", "synthetic"])]
     live_files: Vec<PathBuf>,
 
@@ -634,7 +635,8 @@ fn bench(args: &Args) -> Result<(), String> {
             st.min / tx.audio_seconds
         )];
         lines.extend(file_drafts(&mut tr, file, batches)?);
-        lines.extend(live_replay(&mut tr, file, batches, true)?.into_iter().map(|r| r.line));
+        let audio = engine::audio::decode_wav_file(file).map_err(err)?.to_mono_16k().map_err(err)?;
+        lines.extend(live_replay(&mut tr, &audio, batches, true)?.into_iter().map(|r| r.line));
         file_line = Some(lines.join("\n"));
     }
 
@@ -808,7 +810,7 @@ fn file_drafts(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
             let mut last = None;
             for b in 0..=batches {
                 let t = tr.transcribe_file(file, &opts).map_err(err)?;
-                let decode_s: f64 = t.stages.iter().filter(|s| s.name == "decode steps").map(|s| s.seconds).sum();
+                let decode_s = t.stage_seconds("decode steps");
                 if b > 0 {
                     per_token.push(decode_s * 1e3 / t.tokens.max(1) as f64);
                 }
@@ -836,8 +838,9 @@ fn file_drafts(tr: &mut Transcriber, file: &Path, batches: usize) -> Result<Vec<
     Ok(rows)
 }
 
-/// `--live-files`: [`live_replay`] (drafts off and ngram only) of each file in turn, the GPU
-/// warmed on the file's first second before each, then one table of every file's rows.
+/// `--live-files`: [`live_replay`] (drafts off and ngram only) and [`live_session_replay`]
+/// of each file in turn, the GPU warmed on the file's first second before each, then one
+/// table of every file's rows and the token-weighted figures over all files.
 fn live_files(gpu: Arc<Gpu>, dir: &Path, args: &Args) -> Result<(), String> {
     let err = |e: engine::Error| e.to_string();
     let batches = args.batches.max(1);
@@ -858,7 +861,7 @@ fn live_files(gpu: Arc<Gpu>, dir: &Path, args: &Args) -> Result<(), String> {
         };
         let name = file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
         eprintln!("{name}: {:.1} s{warm}", audio.len() as f64 / 16_000.0);
-        let mut file_rows = live_replay(&mut tr, file, batches, false)?;
+        let mut file_rows = live_replay(&mut tr, &audio, batches, false)?;
         file_rows.extend(live_session_replay(&mut tr, &audio, batches)?);
         for row in file_rows {
             rows.push(row.line.replacen("| live ", &format!("| {name}: live "), 1));
@@ -958,7 +961,8 @@ fn spec_note(spec: engine::decode::draft::Speculative, sp: &engine::decode::whis
     )
 }
 
-/// One row of [`live_replay`]: the table line, and what an aggregate over files needs.
+/// One row of [`live_replay`] or [`live_session_replay`]: the table line, and what an
+/// aggregate over files needs.
 struct LiveRow {
     line: String,
     /// A live session (`live_session_replay`) rather than prefixes (`live_replay`).
@@ -968,17 +972,16 @@ struct LiveRow {
     ms_per_token: f64,
 }
 
-/// Live mode's work on `file`: its prefixes every 0.5 s (from 1 s) transcribed in turn, each
-/// with the previous prefix's tokens as the draft hint (what live mode's recognizer does),
-/// against the same without drafts; with `variants`, also with steps after a rollback
-/// recorded anew (no `retarget`), with verify passes cut to 8 positions (their length before
-/// 2026-12-05), and encoded through wgpu against replayed. Table rows: decode ms per token
-/// each way.
-fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool) -> Result<Vec<LiveRow>, String> {
+/// Live mode's work on `audio` (a file's 16 kHz samples): its prefixes every 0.5 s (from
+/// 1 s) transcribed in turn, each with the previous prefix's tokens as the draft hint (what
+/// live mode's recognizer does), against the same without drafts; with `variants`, also
+/// with steps after a rollback recorded anew (no `retarget`), with verify passes cut to 8
+/// positions (their length before 2026-12-05), and encoded through wgpu against replayed.
+/// Table rows: decode ms per token each way.
+fn live_replay(tr: &mut Transcriber, audio: &[f32], batches: usize, variants: bool) -> Result<Vec<LiveRow>, String> {
     use engine::decode::draft::Speculative;
     use engine::decode::whisper::SpecStats;
     let err = |e: engine::Error| e.to_string();
-    let audio = engine::audio::decode_wav_file(file).map_err(err)?.to_mono_16k().map_err(err)?;
     let step = 8_000;
     let ends: Vec<usize> = (2..).map(|i| i * step).take_while(|&e| e < audio.len()).chain([audio.len()]).collect();
     let mut texts: Vec<Vec<String>> = Vec::new();
@@ -1015,7 +1018,7 @@ fn live_replay(tr: &mut Transcriber, file: &Path, batches: usize, variants: bool
                 opts.decode.speculative = spec;
                 opts.decode.draft_hint = std::mem::take(&mut hint);
                 let t = tr.transcribe_samples(&audio[..end], &opts, &mut |_| {}).map_err(err)?;
-                decode_s += t.stages.iter().filter(|s| s.name == "decode steps").map(|s| s.seconds).sum::<f64>();
+                decode_s += t.stage_seconds("decode steps");
                 tokens += t.tokens;
                 sp.add(&t.spec);
                 hint = t.segments.iter().flat_map(|s| s.tokens.iter().copied()).collect();

@@ -65,8 +65,12 @@ pub struct Transcript {
 }
 
 impl Transcript {
+    /// Seconds of the stage of this name (0 where there is none).
+    pub fn stage_seconds(&self, name: &str) -> f64 {
+        self.stages.iter().find(|s| s.name == name).map_or(0.0, |s| s.seconds)
+    }
     pub fn total_seconds(&self) -> f64 {
-        self.stages.iter().find(|s| s.name == "total").map(|s| s.seconds).unwrap_or(0.0)
+        self.stage_seconds("total")
     }
     /// Processing time / audio time (below 1 is faster than real time).
     pub fn real_time_factor(&self) -> f64 {

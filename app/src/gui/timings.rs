@@ -10,7 +10,7 @@ use super::worker::FileResult;
 
 /// The stages drawn in the bar: (label, colour, seconds).
 pub fn stages(r: &FileResult) -> Vec<(&'static str, Color32, f64)> {
-    let stage = |name: &str| r.transcript.stages.iter().find(|s| s.name == name).map(|s| s.seconds).unwrap_or(0.0);
+    let stage = |name: &str| r.transcript.stage_seconds(name);
     vec![
         ("model load", Color32::from_rgb(0x8c, 0x8c, 0x8c), r.load_seconds),
         ("decode + resample", Color32::from_rgb(0x4e, 0x79, 0xa7), stage("audio decode") + stage("resample")),

@@ -201,7 +201,7 @@ impl Recognizer for Whisper<'_> {
         let t = self.transcriber.transcribe_samples(req.samples, &opts, &mut |_| {})?;
         self.spec.add(&t.spec);
         self.tokens += t.tokens;
-        self.decode_seconds += t.stages.iter().filter(|s| s.name == "decode steps").map(|s| s.seconds).sum::<f64>();
+        self.decode_seconds += t.stage_seconds("decode steps");
         self.last_tokens = t.segments.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         Ok(t.segments.into_iter().map(|s| HypSegment { start: s.start, end: s.end, text: s.text }).collect())
     }
