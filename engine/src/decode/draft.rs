@@ -245,28 +245,6 @@ impl Drafter {
     }
 }
 
-/// A hint for audio that now starts `seconds` later (live mode trimmed its buffer at a
-/// segment's end): the hint's segments from the first one opening at or after that time,
-/// their times moved back by it, so a window over the trimmed audio follows the hint from
-/// its first token. Empty where no segment opens there (and for a hint without times,
-/// `timestamp_begin` = `u32::MAX`, or a negative shift).
-pub fn hint_after_trim(hint: &[u32], timestamp_begin: u32, seconds: f64) -> Vec<u32> {
-    if seconds <= 0.0 {
-        return if seconds == 0.0 { hint.to_vec() } else { Vec::new() };
-    }
-    if timestamp_begin == u32::MAX || !seconds.is_finite() {
-        return Vec::new();
-    }
-    let shift = (seconds / TIME_STEP).round().min(MAX_TIME_STEPS as f64) as u32;
-    let is_time = |t: u32| t >= timestamp_begin;
-    // A segment opens with a time that starts the hint or follows a time.
-    let opens = |i: usize| is_time(hint[i]) && (i == 0 || is_time(hint[i - 1]));
-    let Some(from) = (0..hint.len()).find(|&i| opens(i) && hint[i] - timestamp_begin >= shift) else {
-        return Vec::new();
-    };
-    hint[from..].iter().map(|&t| if is_time(t) { t - shift } else { t }).collect()
-}
-
 /// Start of the last occurrence of `key` in `hay`.
 fn last_occurrence(hay: &[u32], key: &[u32]) -> Option<usize> {
     if key.is_empty() || hay.len() < key.len() {
@@ -310,29 +288,6 @@ mod tests {
         // Without timestamps (`u32::MAX`) times are tokens like any other.
         let plain = Drafter::new(&[100, 5, 6, 170, 170, 7], EOT, u32::MAX);
         assert_eq!(plain.propose(&[1], &[100, 5, 6, 168], 8), Vec::<u32>::new());
-    }
-
-    #[test]
-    fn hint_after_a_trim_starts_at_the_segment_the_buffer_now_starts_with() {
-        // <|0.00|> 5 6 <|1.40|><|1.40|> 7 8 <|3.00|><|3.00|> 9 <|4.00|>
-        let hint = [100, 5, 6, 170, 170, 7, 8, 250, 250, 9, 300];
-        // Trimmed at 1.40 s: the second segment on, its times 1.40 s earlier.
-        assert_eq!(hint_after_trim(&hint, TS, 1.4), vec![100, 7, 8, 180, 180, 9, 230]);
-        // A cut a sample short of the time (the session cuts at whole samples) is the same.
-        assert_eq!(hint_after_trim(&hint, TS, 1.4 - 1.0 / 16_000.0), vec![100, 7, 8, 180, 180, 9, 230]);
-        // At 3.00 s: the last segment.
-        assert_eq!(hint_after_trim(&hint, TS, 3.0), vec![100, 9, 150]);
-        // A cut inside a segment keeps the next segment that opens after it.
-        assert_eq!(hint_after_trim(&hint, TS, 2.0), vec![150, 9, 200]);
-        // Past every opening time, before the buffer, or without times: nothing to follow.
-        assert_eq!(hint_after_trim(&hint, TS, 3.5), Vec::<u32>::new());
-        assert_eq!(hint_after_trim(&hint, TS, -0.5), Vec::<u32>::new());
-        assert_eq!(hint_after_trim(&[5, 6, 7], u32::MAX, 1.0), Vec::<u32>::new());
-        // No trim: the hint as it is.
-        assert_eq!(hint_after_trim(&hint, TS, 0.0), hint.to_vec());
-        // The moved hint is followed from the first token of the trimmed window.
-        let d = Drafter::new(&hint_after_trim(&hint, TS, 1.4), EOT, TS);
-        assert_eq!(d.propose(&[1], &[], 8), vec![100, 7, 8, 180, 180, 9, 230]);
     }
 
     #[test]

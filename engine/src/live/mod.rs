@@ -29,7 +29,7 @@ pub use gate::{GateOptions, Level};
 pub use session::LiveSession;
 pub use source::{AudioSource, FileSource, SourceState};
 
-use crate::decode::draft::{hint_after_trim, Speculative};
+use crate::decode::draft::Speculative;
 use crate::decode::whisper::{DecodeOptions, SpecStats};
 use crate::decode::CancelFlag;
 use crate::pipeline::{Options, Transcriber};
@@ -161,10 +161,8 @@ pub trait Recognizer {
 pub struct Whisper<'a> {
     transcriber: &'a mut Transcriber,
     decode: DecodeOptions,
-    /// The last hypothesis's tokens: the next decode's draft (the same audio and 0.5 s more),
-    /// and where that audio started in the stream (a trim moves the next request's start).
+    /// The last hypothesis's tokens: the next decode's draft (the same audio and 0.5 s more).
     last_tokens: Vec<u32>,
-    last_offset: f64,
     spec: SpecStats,
     /// Tokens decoded and seconds in the decode loops over all requests (a benchmark's
     /// ms per emitted token).
@@ -174,15 +172,7 @@ pub struct Whisper<'a> {
 
 impl<'a> Whisper<'a> {
     pub fn new(transcriber: &'a mut Transcriber, decode: DecodeOptions) -> Self {
-        Whisper {
-            transcriber,
-            decode,
-            last_tokens: Vec::new(),
-            last_offset: 0.0,
-            spec: SpecStats::default(),
-            tokens: 0,
-            decode_seconds: 0.0,
-        }
+        Whisper { transcriber, decode, last_tokens: Vec::new(), spec: SpecStats::default(), tokens: 0, decode_seconds: 0.0 }
     }
 
     /// Tokens emitted and seconds spent in the decode loops ("decode steps") over all
@@ -202,18 +192,7 @@ impl Recognizer for Whisper<'_> {
         let prompt = req.prompt.trim();
         decode.initial_prompt =
             if prompt.is_empty() { Vec::new() } else { self.transcriber.tokenizer().encode_text(&format!(" {prompt}"))? };
-        // After a trim the buffer starts later: the hint from the segment it now starts with,
-        // its times moved back by the trim (else the window follows none of it).
-        // `VERBATIM_HINT_AFTER_TRIM=0` hands the hint over as it was, to compare.
-        let ts_begin = self.transcriber.tokenizer().special().timestamp_begin;
-        let trimmed = req.offset_seconds - self.last_offset;
-        decode.draft_hint = if crate::kernels::env_on("VERBATIM_HINT_AFTER_TRIM") {
-            hint_after_trim(&self.last_tokens, ts_begin, trimmed)
-        } else {
-            self.last_tokens.clone()
-        };
-        self.last_tokens.clear();
-        self.last_offset = req.offset_seconds;
+        decode.draft_hint = std::mem::take(&mut self.last_tokens);
         if self.transcriber.gpu().info.is_cpu() {
             // On a CPU rasteriser a verify pass costs a step per position: drafts only lose.
             decode.speculative = Speculative::Off;
