@@ -212,6 +212,10 @@ impl Timing {
     fn spread(&self) -> f64 {
         self.worst / self.best
     }
+    /// The same timing per each of `n` items (barriers, phases) a dispatch held.
+    fn per(self, n: u32) -> Timing {
+        Timing { best: self.best / n as f64, worst: self.worst / n as f64, ..self }
+    }
 }
 
 struct Lab<'g> {
@@ -949,7 +953,7 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
             }
             enc.finish()
         })?;
-        row.dep = Some(Timing { best: t.best / n as f64, worst: t.worst / n as f64, ..t });
+        row.dep = Some(t.per(n));
         row.check = "ok".into();
         rows.push(row);
     }
@@ -1139,7 +1143,7 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
             &format!("{phases} grid barriers in one dispatch of {groups} workgroups, {what} (per barrier)"),
         );
         let t = lab.time(k, &[bind], [groups, 1], 1)?;
-        row.dep = Some(Timing { best: t.best / phases as f64, worst: t.worst / phases as f64, ..t });
+        row.dep = Some(t.per(phases));
         let timeouts = gpu.read_u32(&sync, 1, 1)?[0];
         let last = if turn >= 1 { 0 } else { phases as u64 };
         let got: Vec<f32> = if turn == 2 {
@@ -1176,7 +1180,7 @@ fn grid_sync_rows(lab: &Lab, phases: u32) -> LabResult<Vec<Row>> {
             &format!("{GRID_GEMVS} GEMVs in one dispatch of {groups} workgroups, a grid barrier between, {what} (per GEMV)"),
         );
         let t = lab.time(k, &[bind], [groups, 1], 1)?;
-        row.dep = Some(Timing { best: t.best / GRID_GEMVS as f64, worst: t.worst / GRID_GEMVS as f64, ..t });
+        row.dep = Some(t.per(GRID_GEMVS));
         row.bytes = Some(bytes / GRID_GEMVS as u64);
         row.check = check("vs CPU")?;
         rows.push(row);
@@ -1263,7 +1267,7 @@ fn grid_sync_hbm_rows(lab: &Lab, sync: &wgpu::Buffer) -> LabResult<Vec<Row>> {
             &format!("{phases} GEMVs over as many matrices (HBM) in one dispatch of {groups} workgroups, a grid barrier between, {what} (per GEMV)"),
         );
         let t = lab.time(k, &[bind], [groups, 1], 1)?;
-        row.dep = Some(Timing { best: t.best / phases as f64, worst: t.worst / phases as f64, ..t });
+        row.dep = Some(t.per(phases));
         row.bytes = Some(bytes);
         row.check = check()?;
         rows.push(row);
