@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, ValueEnum};
 use engine::decode::draft::Speculative;
@@ -186,9 +186,13 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
     // download: a mistyped name should fail in milliseconds.
     let readable: Vec<Result<(), String>> = args.files.iter().map(|f| check_readable(f)).collect();
     let mut transcriber = None;
+    let mut gpu_open = Duration::ZERO;
     if readable.iter().any(Result::is_ok) {
         match load(args) {
-            Ok(t) => transcriber = Some(t),
+            Ok((t, open)) => {
+                transcriber = Some(t);
+                gpu_open = open;
+            }
             Err(msg) => {
                 // No model or no GPU: every file would fail the same way. Say it once.
                 eprintln!("verbatim: {msg}");
@@ -257,7 +261,7 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
         if args.timings || args.kernels {
             let mut table = String::new();
             if args.timings {
-                table += &timings_table(several.then_some(file.as_path()), load_time, &t);
+                table += &timings_table(several.then_some(file.as_path()), gpu_open, load_time, &t);
             }
             if args.kernels {
                 if let Some(tr) = transcriber.as_ref() {
@@ -304,15 +308,19 @@ fn check_readable(path: &Path) -> Result<(), String> {
     }
 }
 
-/// Find (fetching if need be) the model, open the GPU, load the model onto it.
-fn load(args: &Args) -> Result<Transcriber, String> {
+/// Find (fetching if need be) the model, open the GPU, load the model onto it; with the
+/// time opening the GPU took.
+fn load(args: &Args) -> Result<(Transcriber, Duration), String> {
     let model_dir = match &args.model {
         // A directory the user named: the engine says precisely what is wrong with it.
         Some(dir) => dir.clone(),
         None => default_model()?,
     };
+    let t = Instant::now();
     let gpu = Gpu::new(&GpuOptions { profile: args.kernels, ..Default::default() }).map_err(|e| e.to_string())?;
-    Transcriber::load_with(Arc::new(gpu), &model_dir, args.quant).map_err(|e| e.to_string())
+    let open = t.elapsed();
+    let tr = Transcriber::load_with(Arc::new(gpu), &model_dir, args.quant).map_err(|e| e.to_string())?;
+    Ok((tr, open))
 }
 
 /// The default model's directory, downloaded first when it is missing.
@@ -430,14 +438,16 @@ fn kernels_table(tr: &Transcriber) -> String {
     s
 }
 
-/// The per-stage table of `--timings`: model load, then the engine's stages in order
-/// (audio decode, resample, mel, encoder, prefill, decode steps, total), in ms.
-fn timings_table(file: Option<&Path>, load: Duration, t: &Transcript) -> String {
+/// The per-stage table of `--timings`: opening the GPU (the driver's start), the model
+/// load (weights uploaded, kernels compiled), then the engine's stages in order (audio
+/// decode, resample, mel, encoder, prefill, decode steps, total), in ms.
+fn timings_table(file: Option<&Path>, gpu_open: Duration, load: Duration, t: &Transcript) -> String {
     let mut s = String::new();
     if let Some(file) = file {
         s += &format!("timings for {}:\n", file.display());
     }
     s += &format!("{:<16}{:>10}\n", "stage", "ms");
+    s += &format!("{:<16}{:>10.1}\n", "GPU open", gpu_open.as_secs_f64() * 1e3);
     s += &format!("{:<16}{:>10.1}\n", "model load", load.as_secs_f64() * 1e3);
     for stage in &t.stages {
         s += &format!("{:<16}{:>10.1}\n", stage.name, stage.seconds * 1e3);

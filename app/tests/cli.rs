@@ -253,6 +253,29 @@ fn truncated_model_is_one_line_naming_model_bin() {
     assert_failed(&run, 1, &["no-such-model"]);
 }
 
+/// The tokenizer is parsed on a thread beside the kernels' compilation and the weights'
+/// upload (`GpuWhisper::load_beside`): a broken one still ends the run with one line
+/// naming it, after the load beside it has finished, and no panic.
+#[test]
+fn broken_tokenizer_is_one_line_naming_it() {
+    let src = model_dir();
+    let dir = TempDir::new("broken-tokenizer");
+    for name in ["config.json", "vocabulary.txt", "model.bin"] {
+        fs::copy(src.join(name), dir.path().join(name))
+            .unwrap_or_else(|e| panic!("copy {name} of the default model {} (fetch it first): {e}", src.display()));
+    }
+    let jfk = workspace_root().join("assets/jfk.wav");
+    let model_arg = dir.path().to_str().unwrap();
+    // Not JSON at all, and JSON that is no tokenizer.
+    for (what, text) in [("not JSON", "{ this is not json"), ("no tokenizer", "{\"version\": \"1.0\"}")] {
+        fs::write(dir.path().join("tokenizer.json"), text).unwrap();
+        let run = verbatim_in(dir.path(), &["transcribe", "--model", model_arg, jfk.to_str().unwrap()]);
+        let lines = assert_failed(&run, 1, &["tokenizer.json"]);
+        println!("{what}: {}", lines[0]);
+        assert!(run.stdout.is_empty(), "{what}: no transcript: {:?}", run.stdout);
+    }
+}
+
 /// Each bad file alone: one line naming it, exit 1, nothing on stdout.
 #[test]
 fn bad_audio_files_are_one_line_each() {
@@ -363,14 +386,14 @@ fn jfk_plain_text_with_timings() {
     assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
     assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
     let lines: Vec<&str> = run.stdout.lines().collect();
-    assert!(lines.len() >= 11, "text + header + 8 stages + summary:\n{}", run.stdout);
+    assert!(lines.len() >= 12, "text + header + 9 stages + summary:\n{}", run.stdout);
     println!("jfk: {}", lines[0]);
     assert_eq!(normalised(lines[0]), JFK, "the transcript line: {:?}", lines[0]);
 
     // The stage table, in order, each a number of ms.
     let header: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(header, ["stage", "ms"], "the table's header: {:?}", lines[1]);
-    let stages = ["model load", "audio decode", "resample", "mel", "encoder", "prefill", "decode steps", "total"];
+    let stages = ["GPU open", "model load", "audio decode", "resample", "mel", "encoder", "prefill", "decode steps", "total"];
     let mut ms = Vec::new();
     for (line, stage) in lines[2..].iter().zip(stages) {
         let (name, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a stage line: {line:?}"));
@@ -380,14 +403,15 @@ fn jfk_plain_text_with_timings() {
         ms.push(v);
     }
     assert_eq!(ms.len(), stages.len());
-    let total = ms[7];
-    assert!(ms[4] > 0.0 && ms[6] > 0.0, "encoder and decode steps take time:\n{}", run.stdout);
-    let parts: f64 = ms[1..7].iter().sum();
+    let total = ms[8];
+    assert!(ms[0] > 0.0 && ms[1] > 0.0, "opening the GPU and loading the model take time:\n{}", run.stdout);
+    assert!(ms[5] > 0.0 && ms[7] > 0.0, "encoder and decode steps take time:\n{}", run.stdout);
+    let parts: f64 = ms[2..8].iter().sum();
     assert!(parts <= total + 1.0, "the stages after model load fit in total ({parts} > {total}):\n{}", run.stdout);
-    assert!(total <= run.elapsed.as_secs_f64() * 1e3, "total within the run's wall time");
+    assert!(ms[0] + ms[1] + total <= run.elapsed.as_secs_f64() * 1e3, "opening, loading and total within the run's wall time");
 
     // "tokens N, audio 11.00 s, real-time factor R"
-    let summary = lines[10];
+    let summary = lines[11];
     let rest = summary.strip_prefix("tokens ").unwrap_or_else(|| panic!("the summary line: {summary:?}"));
     let (tokens, rest) = rest.split_once(", audio ").expect("audio length");
     let (audio, rtf) = rest.split_once(" s, real-time factor ").expect("real-time factor");
@@ -397,7 +421,7 @@ fn jfk_plain_text_with_timings() {
     let rtf: f64 = rtf.parse().expect("real-time factor");
     let expected = total / 1e3 / JFK_SECONDS;
     assert!((rtf - expected).abs() <= 1e-3 + 1e-3 * expected, "rtf {rtf} = total / audio = {expected}");
-    assert_eq!(lines.len(), 11, "nothing after the summary:\n{}", run.stdout);
+    assert_eq!(lines.len(), 12, "nothing after the summary:\n{}", run.stdout);
 }
 
 /// `--json` with a bad file first: the bad one gets its line, the good one is still

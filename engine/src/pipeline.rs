@@ -98,9 +98,14 @@ impl Transcriber {
     pub fn load_with(gpu: Arc<Gpu>, model_dir: &Path, quant: Option<BlockFormat>) -> Result<Self> {
         let t = Instant::now();
         let ck = Checkpoint::open(model_dir)?;
-        let tokenizer = WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32)?;
+        // The tokenizer is parsed while the kernels compile and the weights upload.
+        let (model, tokenizer) = GpuWhisper::load_beside(gpu, &ck, quant, || {
+            let tokenizer = WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32)?;
+            let sp = tokenizer.special();
+            let (eot, ts) = (sp.eot, sp.timestamp_begin);
+            Ok((tokenizer, eot, ts))
+        })?;
         let sp = tokenizer.special().clone();
-        let model = GpuWhisper::load_with(gpu, &ck, sp.eot, sp.timestamp_begin, quant)?;
         let suppress = suppress_list(&ck.config.suppress_ids, &sp);
         Ok(Transcriber { model_dir: model_dir.to_path_buf(), load_time: t.elapsed(), model, tokenizer, suppress })
     }

@@ -280,7 +280,7 @@ impl Lab<'_> {
         {
             let mut pass =
                 enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(k.name), timestamp_writes: None });
-            pass.set_pipeline(&k.pipeline);
+            pass.set_pipeline(k.pipeline());
             pass.set_bind_group(0, bind, &[]);
             pass.dispatch_workgroups(grid[0], grid[1], 1);
         }
@@ -342,7 +342,7 @@ impl Lab<'_> {
                 let mut pass =
                     enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(k.name), timestamp_writes: tw });
                 for i in 0..per_batch as usize {
-                    pass.set_pipeline(&kernels[i % kernels.len()].pipeline);
+                    pass.set_pipeline(kernels[i % kernels.len()].pipeline());
                     pass.set_bind_group(0, &binds[i % binds.len()], &[]);
                     if !imms.is_empty() {
                         pass.set_immediates(0, &imms[i % imms.len()]);
@@ -939,14 +939,14 @@ fn chain_rows(lab: &Lab, n: u32) -> LabResult<Vec<Row>> {
                         end_of_pass_write_index: Some(2 * i + 1),
                     });
                     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: tw });
-                    pass.set_pipeline(&k.pipeline);
+                    pass.set_pipeline(k.pipeline());
                     pass.set_bind_group(0, &bind, &[]);
                     pass.dispatch_workgroups(1, 1, 1);
                 }
             } else {
                 let mut pass = enc.begin_compute_pass(&Default::default());
                 for _ in 0..n {
-                    pass.set_pipeline(&k.pipeline);
+                    pass.set_pipeline(k.pipeline());
                     pass.set_bind_group(0, &bind, &[]);
                     pass.dispatch_workgroups(1, 1, 1);
                 }
@@ -1298,7 +1298,7 @@ fn submit_rows(lab: &Lab, reps: u32) -> LabResult<Vec<Row>> {
         let mut enc = dev.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&k.pipeline);
+            pass.set_pipeline(k.pipeline());
             pass.set_bind_group(0, &bind, &[]);
             pass.dispatch_workgroups(1, 1, 1);
         }

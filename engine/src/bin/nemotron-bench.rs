@@ -325,7 +325,7 @@ fn copy_ceiling(
                 timestamp_writes: tw,
             });
             for _ in 0..times {
-                p.set_pipeline(&k.pipeline);
+                p.set_pipeline(k.pipeline());
                 p.set_bind_group(0, bg, &[]);
                 p.dispatch_workgroups(grid[0], grid[1], 1);
             }

@@ -6,6 +6,7 @@
 //! every submit / readback checks it, so a failure becomes an [`Error`] value at the next
 //! call instead of a panic in a callback.
 
+mod compile;
 pub mod pipeline_stats;
 mod recorder;
 #[cfg(not(target_vendor = "apple"))]
@@ -54,13 +55,25 @@ pub enum Access {
 /// auto-derived layout).
 pub struct Kernel {
     pub name: &'static str,
-    pub pipeline: wgpu::ComputePipeline,
+    /// Set once the driver has compiled it: at once, or by the end of the
+    /// [`Gpu::compile_together`] it was asked for in (see [`Kernel::pipeline`]).
+    pipeline: std::sync::OnceLock<wgpu::ComputePipeline>,
     pub layout: wgpu::BindGroupLayout,
     pub bindings: Vec<Access>,
     /// What it was compiled from, for compiling it again outside wgpu (a replay).
     pub(crate) source: Arc<str>,
     pub(crate) entry: String,
     pub(crate) immediate_size: u32,
+}
+
+impl Kernel {
+    /// The compiled pipeline. Every kernel a caller holds has one: [`Gpu::kernel`] returns
+    /// compiled kernels, and [`Gpu::compile_together`] returns only once every kernel asked
+    /// for inside it has compiled (or with the error). Recording a kernel inside the
+    /// `compile_together` that asked for it, before it has compiled, is a bug in the engine.
+    pub fn pipeline(&self) -> &wgpu::ComputePipeline {
+        self.pipeline.get().unwrap_or_else(|| panic!("kernel {} recorded before its compilation finished", self.name))
+    }
 }
 
 /// Shared state the wgpu callbacks write into.
@@ -111,6 +124,9 @@ pub struct Gpu {
     pub profiling: bool,
     faults: Arc<Mutex<Faults>>,
     kernels: Mutex<HashMap<&'static str, Arc<Kernel>>>,
+    /// The kernels one thread asks for inside [`Gpu::compile_together`], compiled on worker
+    /// threads meanwhile (compile.rs).
+    batch: Mutex<Option<compile::Batch>>,
     /// Uniform arenas reused across recorders (see `Recorder`).
     pub(crate) arena_pool: Mutex<Vec<wgpu::Buffer>>,
     /// Timestamps off for a while on a profiling device (`verbatim bench` times the same
@@ -336,6 +352,7 @@ impl Gpu {
             profiling,
             faults,
             kernels: Mutex::new(HashMap::new()),
+            batch: Mutex::new(None),
             arena_pool: Mutex::new(Vec::new()),
             profiling_paused: std::sync::atomic::AtomicBool::new(false),
             sources: None,
@@ -378,6 +395,8 @@ impl Gpu {
 
     /// Compile (once) and return the kernel `name` from WGSL `source`, entry point `main`.
     /// `bindings` lists bindings 1.. in order; binding 0 is the uniform parameter block.
+    /// Inside [`Gpu::compile_together`] on the same thread, the compilation goes to its
+    /// workers and the kernel is usable once that call has returned.
     pub fn kernel(&self, name: &'static str, source: &str, bindings: &[Access]) -> Result<Arc<Kernel>> {
         self.kernel_entry(name, source, "main", bindings)
     }
@@ -404,16 +423,9 @@ impl Gpu {
         if let Some(k) = self.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
             return Ok(k.clone());
         }
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl(source.into()) };
-        let module = if self.info.shader_checks {
-            self.device.create_shader_module(desc)
-        } else {
-            // SAFETY: the source is one of the engine's own kernels (or the kernel lab's
-            // rewrites of them), not user input: every loop is bounded and the kernel tests
-            // hold their indexing to the CPU references (see `shader_checks_wanted`).
-            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
-        };
+        if let Some(k) = self.batched(name) {
+            return Ok(k);
+        }
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
             visibility: wgpu::ShaderStages::COMPUTE,
@@ -436,36 +448,28 @@ impl Gpu {
                 count: None,
             });
         }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(name),
             entries: &entries,
         });
-        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(name),
             bind_group_layouts: &[Some(&layout)],
             immediate_size,
         });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(name),
-            layout: Some(&pl),
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Gpu(format!("kernel {name} failed to compile: {e}")));
+            return Err(Error::Gpu(format!("kernel {name}: its bindings were refused: {e}")));
         }
         let k = Arc::new(Kernel {
             name,
-            pipeline,
+            pipeline: std::sync::OnceLock::new(),
             layout,
             bindings: bindings.to_vec(),
             source: source.into(),
             entry: entry.to_string(),
             immediate_size,
         });
-        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(name, k.clone());
         if let Some(s) = &self.sources {
             s.lock().unwrap_or_else(|p| p.into_inner()).push(pipeline_stats::KernelSource {
                 name,
@@ -475,7 +479,44 @@ impl Gpu {
                 immediate_size,
             });
         }
+        // Inside this thread's compile_together: a worker compiles it.
+        let (k, pipeline_layout) = match self.defer(k, pipeline_layout) {
+            Ok(k) => return Ok(k),
+            Err(back) => back,
+        };
+        self.compile_pipeline(&k, &pipeline_layout)?;
+        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(name, k.clone());
         Ok(k)
+    }
+
+    /// Compile `k`'s WGSL into its pipeline (on whatever thread calls: wgpu's error scopes
+    /// are the calling thread's).
+    fn compile_pipeline(&self, k: &Kernel, pipeline_layout: &wgpu::PipelineLayout) -> Result<()> {
+        let name = k.name;
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(name), source: wgpu::ShaderSource::Wgsl((&*k.source).into()) };
+        let module = if self.info.shader_checks {
+            self.device.create_shader_module(desc)
+        } else {
+            // SAFETY: the source is one of the engine's own kernels (or the kernel lab's
+            // rewrites of them), not user input: every loop is bounded and the kernel tests
+            // hold their indexing to the CPU references (see `shader_checks_wanted`).
+            unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        };
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: Some(pipeline_layout),
+            module: &module,
+            entry_point: Some(&k.entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Gpu(format!("kernel {name} failed to compile: {e}")));
+        }
+        // Only this call sets it (a kernel is compiled once, by whoever made it or one worker).
+        let _ = k.pipeline.set(pipeline);
+        Ok(())
     }
 
     /// The driver's compiler statistics (registers, shared memory, spills: whatever it

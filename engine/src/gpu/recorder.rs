@@ -439,7 +439,7 @@ impl<'g> Recorder<'g> {
                     let mut pass =
                         enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("dispatches"), timestamp_writes: None });
                     while let Some(Cmd::Dispatch { kernel, bind, groups, indirect, stage, cost }) = cmds.get(i) {
-                        pass.set_pipeline(&kernel.pipeline);
+                        pass.set_pipeline(kernel.pipeline());
                         pass.set_bind_group(0, bind, &[]);
                         dispatch(&mut pass, groups, indirect);
                         untimed.push((kernel.name, *stage, *cost));
@@ -718,7 +718,7 @@ impl<'g> Recorder<'g> {
                                 end_of_pass_write_index: Some(q + 1),
                             }),
                         });
-                        pass.set_pipeline(&kernel.pipeline);
+                        pass.set_pipeline(kernel.pipeline());
                         pass.set_bind_group(0, bind, &[]);
                         dispatch(&mut pass, groups, indirect);
                         timing.push((kernel.name, *stage, *cost));

@@ -1110,7 +1110,12 @@ fn ffn_decode_kernel(gpu: &Gpu, late: bool) -> Result<Arc<Kernel>> {
 }
 
 impl Kernels {
+    /// Every kernel Whisper takes at load (compiled side by side: `Gpu::compile_together`).
     pub fn load(gpu: &Gpu) -> Result<Kernels> {
+        gpu.compile_together(|| Self::load_each(gpu))
+    }
+
+    fn load_each(gpu: &Gpu) -> Result<Kernels> {
         use Access::{Read as R, ReadWrite as W};
         let tile = GemmTile::NARROW;
         let ffn_late = std::env::var("VERBATIM_FFN_LATE");

@@ -347,7 +347,12 @@ pub struct NemotronKernels {
 }
 
 impl NemotronKernels {
+    /// Every Nemotron-H kernel (compiled side by side: `Gpu::compile_together`).
     pub fn load(gpu: &Gpu) -> Result<NemotronKernels> {
+        gpu.compile_together(|| Self::load_each(gpu))
+    }
+
+    fn load_each(gpu: &Gpu) -> Result<NemotronKernels> {
         use Access::{Read as R, ReadWrite as W};
         let mamba = include_str!("mamba.wgsl");
         let moe = include_str!("moe.wgsl");

@@ -510,6 +510,17 @@ fn rows_matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Rows> {
 }
 
 /// A checkpoint matrix block-quantized (the weight's [n][k] f16 bits as stored).
+/// The tokenizer's `eot` and first timestamp against the model's vocabulary.
+fn check_specials(ck: &Checkpoint, eot: u32, timestamp_begin: u32) -> Result<()> {
+    if eot >= timestamp_begin || timestamp_begin > ck.dims.vocab as u32 {
+        return Err(Error::model(
+            &ck.dir,
+            format!("the tokenizer puts eot at {eot} and timestamps at {timestamp_begin}, which does not fit a vocabulary of {}", ck.dims.vocab),
+        ));
+    }
+    Ok(())
+}
+
 fn qmatrix(gpu: &Gpu, ck: &Checkpoint, name: &str, format: BlockFormat) -> Result<QMatrix> {
     let t = ck.tensor(name)?;
     let n = t.dims[0];
@@ -545,7 +556,8 @@ impl GpuWhisper {
         Self::load_with(gpu, ck, eot, timestamp_begin, None)
     }
 
-    /// [`GpuWhisper::load`] with the decoder's weights in `quant` (None: f16).
+    /// [`GpuWhisper::load`] with the decoder's weights in `quant` (None: f16). The kernels
+    /// compile on worker threads while the weights upload (`Gpu::compile_together`).
     pub fn load_with(
         gpu: Arc<Gpu>,
         ck: &Checkpoint,
@@ -553,17 +565,39 @@ impl GpuWhisper {
         timestamp_begin: u32,
         quant: Option<BlockFormat>,
     ) -> Result<GpuWhisper> {
+        check_specials(ck, eot, timestamp_begin)?;
+        let mut m = gpu.clone().compile_together(|| Self::load_parts(gpu, ck, quant))?;
+        (m.eot, m.ts_begin) = (eot, timestamp_begin);
+        Ok(m)
+    }
+
+    /// [`GpuWhisper::load_with`] with the special ids from `side`, which runs on a thread of
+    /// its own meanwhile and returns them with a value handed back beside the model: the
+    /// tokenizer, whose parse (~70 ms on the lent H100's host) then overlaps the upload.
+    pub fn load_beside<T: Send>(
+        gpu: Arc<Gpu>,
+        ck: &Checkpoint,
+        quant: Option<BlockFormat>,
+        side: impl FnOnce() -> Result<(T, u32, u32)> + Send,
+    ) -> Result<(GpuWhisper, T)> {
+        std::thread::scope(|s| {
+            let side = s.spawn(side);
+            let model = gpu.clone().compile_together(|| Self::load_parts(gpu, ck, quant));
+            let (t, eot, timestamp_begin) = side.join().map_err(|_| Error::Gpu("the thread beside the model load panicked".into()))??;
+            let mut m = model?;
+            check_specials(ck, eot, timestamp_begin)?;
+            (m.eot, m.ts_begin) = (eot, timestamp_begin);
+            Ok((m, t))
+        })
+    }
+
+    /// Everything but the special ids (set by the callers once checked).
+    fn load_parts(gpu: Arc<Gpu>, ck: &Checkpoint, quant: Option<BlockFormat>) -> Result<GpuWhisper> {
         let g = &*gpu;
         let dims = ck.dims;
         let d = dims.d_model;
         if dims.head_dim() > 128 || d % dims.n_heads != 0 {
             return Err(Error::Unsupported(format!("{} heads of width {d}", dims.n_heads)));
-        }
-        if eot >= timestamp_begin || timestamp_begin > dims.vocab as u32 {
-            return Err(Error::model(
-                &ck.dir,
-                format!("the tokenizer puts eot at {eot} and timestamps at {timestamp_begin}, which does not fit a vocabulary of {}", dims.vocab),
-            ));
         }
         let mut kern = Kernels::load(g)?;
         // The encoder's self-attention splits its keys (attention_blocked.wgsl + merge).
@@ -645,8 +679,8 @@ impl GpuWhisper {
         Ok(GpuWhisper {
             kern,
             dims,
-            eot,
-            ts_begin: timestamp_begin,
+            eot: 0,
+            ts_begin: 0,
             conv1: conv1.0,
             conv1_cols: conv1.1,
             conv2: linear(g, ck, "encoder/conv2")?,
