@@ -206,14 +206,20 @@ fn word_error_rate_counts_edits() {
 // ---------------------------------------------------------------------------------------
 // Bad inputs: no transcription runs
 
+/// The default model's files `names` copied into `dir` (a model directory to break).
+fn copy_model_files(dir: &TempDir, names: &[&str]) {
+    let src = model_dir();
+    for name in names {
+        fs::copy(src.join(name), dir.path().join(name))
+            .unwrap_or_else(|e| panic!("copy {name} of the default model {} (fetch it first): {e}", src.display()));
+    }
+}
+
 #[test]
 fn truncated_model_is_one_line_naming_model_bin() {
     let src = model_dir();
     let dir = TempDir::new("truncated-model");
-    for name in ["config.json", "tokenizer.json", "vocabulary.txt"] {
-        fs::copy(src.join(name), dir.path().join(name))
-            .unwrap_or_else(|e| panic!("copy {name} of the default model {} (fetch it first): {e}", src.display()));
-    }
+    copy_model_files(&dir, &["config.json", "tokenizer.json", "vocabulary.txt"]);
     let model = fs::read(src.join("model.bin")).expect("the default model's model.bin");
     let jfk = workspace_root().join("assets/jfk.wav");
     let jfk = jfk.to_str().unwrap();
@@ -258,12 +264,8 @@ fn truncated_model_is_one_line_naming_model_bin() {
 /// naming it, after the load beside it has finished, and no panic.
 #[test]
 fn broken_tokenizer_is_one_line_naming_it() {
-    let src = model_dir();
     let dir = TempDir::new("broken-tokenizer");
-    for name in ["config.json", "vocabulary.txt", "model.bin"] {
-        fs::copy(src.join(name), dir.path().join(name))
-            .unwrap_or_else(|e| panic!("copy {name} of the default model {} (fetch it first): {e}", src.display()));
-    }
+    copy_model_files(&dir, &["config.json", "vocabulary.txt", "model.bin"]);
     let jfk = workspace_root().join("assets/jfk.wav");
     let model_arg = dir.path().to_str().unwrap();
     // Not JSON at all, and JSON that is no tokenizer.

@@ -82,7 +82,8 @@ impl Gpu {
                     s.spawn(|| -> Option<Error> {
                         let mut first = None;
                         loop {
-                            // The lock is held only while taking a job.
+                            // One worker waits on the queue at a time (holding its lock),
+                            // the others for the lock; each compiles with the lock released.
                             let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                             let Ok(job) = job else { break };
                             if cancel.load(Ordering::Relaxed) {

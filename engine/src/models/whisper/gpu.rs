@@ -509,7 +509,6 @@ fn rows_matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Rows> {
     F16Rows::from_bits(gpu, name, &bits, n, k)
 }
 
-/// A checkpoint matrix block-quantized (the weight's [n][k] f16 bits as stored).
 /// The tokenizer's `eot` and first timestamp against the model's vocabulary.
 fn check_specials(ck: &Checkpoint, eot: u32, timestamp_begin: u32) -> Result<()> {
     if eot >= timestamp_begin || timestamp_begin > ck.dims.vocab as u32 {
@@ -521,6 +520,7 @@ fn check_specials(ck: &Checkpoint, eot: u32, timestamp_begin: u32) -> Result<()>
     Ok(())
 }
 
+/// A checkpoint matrix block-quantized (the weight's [n][k] f16 bits as stored).
 fn qmatrix(gpu: &Gpu, ck: &Checkpoint, name: &str, format: BlockFormat) -> Result<QMatrix> {
     let t = ck.tensor(name)?;
     let n = t.dims[0];
@@ -565,10 +565,7 @@ impl GpuWhisper {
         timestamp_begin: u32,
         quant: Option<BlockFormat>,
     ) -> Result<GpuWhisper> {
-        check_specials(ck, eot, timestamp_begin)?;
-        let mut m = gpu.clone().compile_together(|| Self::load_parts(gpu, ck, quant))?;
-        (m.eot, m.ts_begin) = (eot, timestamp_begin);
-        Ok(m)
+        Self::load_beside(gpu, ck, quant, || Ok(((), eot, timestamp_begin))).map(|(m, ())| m)
     }
 
     /// [`GpuWhisper::load_with`] with the special ids from `side`, which runs on a thread of
