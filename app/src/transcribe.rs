@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{CommandFactory, ValueEnum};
 use engine::decode::draft::Speculative;
@@ -316,10 +316,10 @@ fn load(args: &Args) -> Result<(Transcriber, Duration), String> {
         Some(dir) => dir.clone(),
         None => default_model()?,
     };
-    let t = Instant::now();
-    let gpu = Gpu::new(&GpuOptions { profile: args.kernels, ..Default::default() }).map_err(|e| e.to_string())?;
-    let open = t.elapsed();
-    let tr = Transcriber::load_with(Arc::new(gpu), &model_dir, args.quant).map_err(|e| e.to_string())?;
+    // The device opens while the tokenizer is parsed (`Transcriber::open_with`).
+    let open_gpu = || Gpu::new(&GpuOptions { profile: args.kernels, ..Default::default() }).map(Arc::new);
+    let tr = Transcriber::open_with(open_gpu, &model_dir, args.quant).map_err(|e| e.to_string())?;
+    let open = tr.gpu_open_time;
     Ok((tr, open))
 }
 

@@ -81,7 +81,10 @@ impl Transcript {
 /// A loaded model ready to transcribe files, on its own device or a borrowed one.
 pub struct Transcriber {
     pub model_dir: PathBuf,
-    /// How long loading took (weights read, uploaded, pipelines compiled).
+    /// How long opening the device took (`open_with`; zero for a device passed in).
+    pub gpu_open_time: Duration,
+    /// How long loading took besides opening the device (weights read, uploaded, pipelines
+    /// compiled).
     pub load_time: Duration,
     model: GpuWhisper,
     tokenizer: WhisperTokenizer,
@@ -96,18 +99,44 @@ impl Transcriber {
 
     /// [`Transcriber::load`] with the decoder's weights quantized to `quant` (`--quant`).
     pub fn load_with(gpu: Arc<Gpu>, model_dir: &Path, quant: Option<BlockFormat>) -> Result<Self> {
+        Self::open_with(|| Ok(gpu), model_dir, quant)
+    }
+
+    /// [`Transcriber::load_with`] on the device `open_gpu` opens, while the tokenizer is
+    /// parsed: opening a Vulkan device took ~125 ms on the lent H100s and the tokenizer's
+    /// parse ~60 (2026-12-06, eighteenth session), and the parse used to wait for both the
+    /// device and the weights. The model directory is checked first, so a broken one fails
+    /// before any device opens. `gpu_open_time` says how long `open_gpu` took; `load_time`
+    /// what the load added after it.
+    pub fn open_with(open_gpu: impl FnOnce() -> Result<Arc<Gpu>>, model_dir: &Path, quant: Option<BlockFormat>) -> Result<Self> {
         let t = Instant::now();
         let ck = Checkpoint::open(model_dir)?;
-        // The tokenizer is parsed while the kernels compile and the weights upload.
-        let (model, tokenizer) = GpuWhisper::load_beside(gpu, &ck, quant, || {
-            let tokenizer = WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32)?;
-            let sp = tokenizer.special();
-            let (eot, ts) = (sp.eot, sp.timestamp_begin);
-            Ok((tokenizer, eot, ts))
+        let ck = &ck;
+        let (model, tokenizer, gpu_open_time) = std::thread::scope(|s| {
+            let tokenizer = s.spawn(move || WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32));
+            let opened = Instant::now();
+            let gpu = open_gpu()?;
+            let gpu_open_time = opened.elapsed();
+            // The special ids are checked against the model once both are there.
+            let (model, tokenizer) = GpuWhisper::load_beside(gpu, ck, quant, move || {
+                let tokenizer: WhisperTokenizer =
+                    tokenizer.join().map_err(|_| Error::Gpu("the tokenizer's thread panicked".into()))??;
+                let sp = tokenizer.special();
+                let (eot, ts) = (sp.eot, sp.timestamp_begin);
+                Ok((tokenizer, eot, ts))
+            })?;
+            Ok::<_, Error>((model, tokenizer, gpu_open_time))
         })?;
         let sp = tokenizer.special().clone();
         let suppress = suppress_list(&ck.config.suppress_ids, &sp);
-        Ok(Transcriber { model_dir: model_dir.to_path_buf(), load_time: t.elapsed(), model, tokenizer, suppress })
+        Ok(Transcriber {
+            model_dir: model_dir.to_path_buf(),
+            gpu_open_time,
+            load_time: t.elapsed().saturating_sub(gpu_open_time),
+            model,
+            tokenizer,
+            suppress,
+        })
     }
 
     /// The model's tokenizer (to encode a prompt, e.g. the live mode's committed text).

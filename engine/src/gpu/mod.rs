@@ -13,6 +13,11 @@ mod recorder;
 mod replay;
 pub mod warm_up;
 
+pub(crate) use compile::side_by_side;
+
+/// Bytes a large upload writes at a time (a multiple of wgpu's copy alignment).
+const UPLOAD_CHUNK: usize = 4 << 20;
+
 #[cfg(not(target_vendor = "apple"))]
 pub use replay::Ticket;
 /// A replayed submission in flight (no replays without Vulkan).
@@ -565,7 +570,14 @@ impl Gpu {
     /// A storage buffer holding `bytes` (padded to a multiple of 4).
     pub fn upload(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
         let b = self.buffer(label, bytes.len() as u64)?;
-        self.write(&b, 0, bytes);
+        if bytes.len() <= 2 * UPLOAD_CHUNK {
+            self.write(&b, 0, bytes);
+        } else {
+            // wgpu copies each write into a staging buffer of its own outside its locks: a
+            // large upload's chunks are copied side by side.
+            let chunks: Vec<&[u8]> = bytes.chunks(UPLOAD_CHUNK).collect();
+            side_by_side(chunks.len(), |i| self.write(&b, (i * UPLOAD_CHUNK) as u64, chunks[i]))?;
+        }
         Ok(b)
     }
 
@@ -703,6 +715,27 @@ impl Gpu {
         }
     }
 
+    /// Build the replay's raw pipelines of `kernels` now (a model's load: its decode
+    /// kernels, beside the weights' upload) rather than at the first pass that takes them.
+    /// With the driver's shader cache empty, a first file's prefill waited 0.27-0.48 s for
+    /// them on the lent H100s (2026-12-06, eighteenth session). Nothing where nothing is
+    /// replayed.
+    pub fn prebuild_replay(&self, kernels: &[&Arc<Kernel>]) -> Result<()> {
+        if !self.replay_available() {
+            return Ok(());
+        }
+        #[cfg(not(target_vendor = "apple"))]
+        {
+            let ks: Vec<&Kernel> = kernels.iter().map(|k| &***k).collect();
+            self.with_replayer(|r| r.prebuild(&ks, 1))
+        }
+        #[cfg(target_vendor = "apple")]
+        {
+            let _ = kernels;
+            Ok(())
+        }
+    }
+
     /// Wait for a replayed submission (polled for `spin_budget`, then blocking).
     pub fn replay_wait(&self, t: Ticket) -> Result<()> {
         #[cfg(not(target_vendor = "apple"))]
@@ -724,6 +757,12 @@ impl Gpu {
             r.set_max_programs(n);
             Ok(())
         })
+    }
+
+    /// Raw pipelines the replayer has built (a test of `prebuild_replay`).
+    #[cfg(all(test, not(target_vendor = "apple")))]
+    pub(crate) fn replay_pipelines(&self) -> usize {
+        self.replayer.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map_or(0, |r| r.pipelines())
     }
 
     /// Programs the replayer has built (0 before its first use).

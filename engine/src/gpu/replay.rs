@@ -232,49 +232,45 @@ impl Replayer {
         self.max_programs = n.clamp(1, MAX_PROGRAMS);
     }
 
+    /// Raw pipelines built so far (tests).
+    #[cfg(test)]
+    pub(crate) fn pipelines(&self) -> usize {
+        self.pipelines.len()
+    }
+
     /// Programs built so far (for tests and the bench's notes).
     pub(crate) fn programs(&self) -> usize {
         self.programs.len()
     }
 
     /// Compile the kernels of `cmds` that have no raw pipeline yet, side by side
-    /// (`compile::compile_threads`). A program's first build used to compile its ~35
+    /// (`compile::side_by_side`). A program's first build used to compile its ~35
     /// kernels one after another: 1.1 s of a first file's prefill on an H100 with the
     /// driver's cache empty, ~40 ms with it full (2026-12-06, seventeenth session).
     fn compile_missing(&mut self, cmds: &[ProgramCmd]) -> Result<()> {
+        let kernels: Vec<&Kernel> = cmds
+            .iter()
+            .filter_map(|c| match c {
+                ProgramCmd::Dispatch { kernel, .. } => Some(&**kernel),
+                ProgramCmd::Copy { .. } => None,
+            })
+            .collect();
+        self.prebuild(&kernels, 2)
+    }
+
+    /// Compile the raw pipelines of `kernels` that are not built yet, side by side, where
+    /// at least `min` are missing (fewer are left to their first use); the first error.
+    pub(crate) fn prebuild(&mut self, kernels: &[&Kernel], min: usize) -> Result<()> {
         let mut missing: Vec<&Kernel> = Vec::new();
-        for c in cmds {
-            if let ProgramCmd::Dispatch { kernel, .. } = c {
-                if !self.pipelines.contains_key(kernel.name) && !missing.iter().any(|k| k.name == kernel.name) {
-                    missing.push(kernel);
-                }
+        for &k in kernels {
+            if !self.pipelines.contains_key(k.name) && !missing.iter().any(|m| m.name == k.name) {
+                missing.push(k);
             }
         }
-        if missing.len() < 2 {
+        if missing.len() < min {
             return Ok(());
         }
-        let threads = super::compile::compile_threads().min(missing.len());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let this = &*self;
-        let made: Vec<(&'static str, Result<RawPipeline>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut out = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(k) = missing.get(i) else { break };
-                            out.push((k.name, this.compile(k)));
-                        }
-                        out
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_else(|_| vec![("?", Err(Error::Gpu("a replay compiler thread panicked".into())))]))
-                .collect()
-        });
+        let made = super::compile::side_by_side(missing.len(), |i| (missing[i].name, self.compile(missing[i])))?;
         let mut first_err = None;
         for (name, r) in made {
             match r {

@@ -532,13 +532,19 @@ pub struct F16Rows {
 impl F16Rows {
     /// Upload `bits` (f16, row-major [n][k]) as they are.
     pub fn from_bits(gpu: &Gpu, label: &str, bits: &[u16], n: usize, k: usize) -> Result<Self> {
+        Self::from_le_bytes(gpu, label, bytemuck::cast_slice(bits), n, k)
+    }
+
+    /// [`F16Rows::from_bits`] from the values' little-endian bytes (as a file stores them,
+    /// at any alignment).
+    pub fn from_le_bytes(gpu: &Gpu, label: &str, bytes: &[u8], n: usize, k: usize) -> Result<Self> {
         if !k.is_multiple_of(2) {
             return Err(Error::Invalid(format!("{label}: rows of {k} values; packed f16 needs an even count")));
         }
-        if bits.len() != n * k {
-            return Err(Error::Invalid(format!("{label}: {} values for a [{n}, {k}] matrix", bits.len())));
+        if bytes.len() != n * k * 2 {
+            return Err(Error::Invalid(format!("{label}: {} bytes for a [{n}, {k}] f16 matrix", bytes.len())));
         }
-        Ok(F16Rows { buf: gpu.upload(label, bytemuck::cast_slice(bits))?, n: n as u32, k: k as u32 })
+        Ok(F16Rows { buf: gpu.upload(label, bytes)?, n: n as u32, k: k as u32 })
     }
 
     pub fn bytes(&self) -> u64 {
@@ -2002,6 +2008,34 @@ impl Kernels {
         ep: Epilogue,
     ) -> Result<u32> {
         self.conv_k3_cols(rec, input, t_in, ch_stride, time_stride, stride, w, w.k, bias, out, ep)
+    }
+
+    /// The kernels a decode step or verify pass may take (the replay builds raw pipelines of
+    /// them: `Gpu::prebuild_replay`); the block-quantized GEMVs with `quant`.
+    pub fn decode_kernels(&self, quant: bool) -> Vec<&Arc<Kernel>> {
+        let mut ks: Vec<&Arc<Kernel>> = vec![
+            &self.embed,
+            &self.gemv_stream,
+            &self.ffn_decode,
+            &self.ffn_sum,
+            &self.attention_split,
+            &self.attention_merge,
+            &self.copy_rows,
+        ];
+        ks.extend(self.gemv_m1.iter().chain(&self.gemv_rows));
+        let optional = [&self.gemv_m1_ln_pass, &self.gemv_rows_shared, &self.ffn_decode_pass, &self.ffn_sum_norm, &self.attention_split_rows];
+        ks.extend(optional.into_iter().chain(&self.gemv_pass_rows).flatten());
+        if self.select_fused {
+            ks.extend([&self.select_pick_fused, &self.select_rows_fused]);
+        } else {
+            ks.extend([&self.select_partial, &self.select_pick, &self.select_partial_rows, &self.select_rows]);
+        }
+        if quant {
+            ks.extend([&self.gemv_q8, &self.gemv_q4, &self.gemv_q8_wide, &self.gemv_q4_wide]);
+        }
+        let mut seen = std::collections::HashSet::new();
+        ks.retain(|k| seen.insert(k.name));
+        ks
     }
 
     /// The K a convolution of `k` im2col columns should have its weight padded to (zero rows

@@ -2627,6 +2627,50 @@ fn replay_programs_dropped_at_the_bound_are_rebuilt() {
     }
 }
 
+/// The decode kernels' raw pipelines built at load (`Gpu::prebuild_replay`) are the ones
+/// a program then takes: one per kernel, none compiled again when a pass with one of them
+/// is built, and its replay right.
+#[test]
+fn prebuilt_replay_pipelines_are_the_ones_programs_take() {
+    let g = crate::gpu::Gpu::new(&Default::default()).unwrap();
+    if !g.replay_available() {
+        return;
+    }
+    let kern = Kernels::load(&g).unwrap();
+    let decode = kern.decode_kernels(false);
+    assert!(decode.iter().any(|k| k.name == "copy_rows"), "copy_rows is a decode kernel");
+    assert!(!decode.iter().any(|k| k.name == "gemv_q4_0"), "no block-quantized GEMV without quant");
+    assert_eq!(g.replay_pipelines(), 0);
+    g.prebuild_replay(&decode).unwrap();
+    assert_eq!(g.replay_pipelines(), decode.len(), "one raw pipeline a decode kernel");
+    // Again: all there, nothing built twice.
+    g.prebuild_replay(&decode).unwrap();
+    assert_eq!(g.replay_pipelines(), decode.len());
+    let with_q = kern.decode_kernels(true);
+    assert_eq!(with_q.len(), decode.len() + 4, "the four block-quantized GEMVs with quant");
+
+    let mut rng = rng("prebuilt replay");
+    let (rows, width) = (5u32, 11u32);
+    let src = g.upload_f32("src", &vec![0.0; (rows * width) as usize]).unwrap();
+    let dst = g.buffer("dst", 4 * (rows * width) as u64).unwrap();
+    let mut cache = crate::gpu::DispatchCache::default();
+    for round in 0..2 {
+        let data: Vec<f32> = (0..rows * width).map(|_| rng.random_range(-2.0f32..2.0) + 3.0).collect();
+        g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; (rows * width) as usize]));
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+        let mut rec = g.recorder_cached(&mut cache);
+        kern.copy_rows(&mut rec, Rows::new(&src, width as usize), Rows::new(&dst, width as usize), rows, width).unwrap();
+        let t = rec.replay(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap();
+        assert_eq!(t.is_some(), round == 1, "round {round}: built, then replayed");
+        if let Some(t) = t {
+            g.replay_wait(t).unwrap();
+        }
+        assert_eq!(g.read_f32(&dst, 0, (rows * width) as usize).unwrap(), data, "round {round}");
+        assert_eq!(g.replay_pipelines(), decode.len(), "round {round}: no pipeline built for the program");
+    }
+}
+
 /// Passes on either side of main_rows' threshold share dispatch slots with different
 /// kernels: each slot keeps both bind groups, so each length keeps its signature and its
 /// program (built once, then replayed; with one bind group a slot every pass after the

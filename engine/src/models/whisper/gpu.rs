@@ -32,9 +32,10 @@ use std::sync::Arc;
 use wgpu::Buffer;
 
 use super::checkpoint::Checkpoint;
+use super::ct2::DType;
 use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
-use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder, Signature, Ticket};
+use crate::gpu::{side_by_side, DispatchCache, Encoded, Gpu, Profile, Recorder, Signature, Ticket};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
     Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
@@ -482,9 +483,9 @@ fn norm(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Norm> {
     })
 }
 
-/// A checkpoint matrix's f16 bits as stored ([n][k], k the product of the trailing
-/// dimensions), refused if it would not fit one storage binding.
-fn matrix_bits<'c>(gpu: &Gpu, ck: &'c Checkpoint, name: &str) -> Result<(std::borrow::Cow<'c, [u16]>, usize, usize)> {
+/// A checkpoint matrix's [n][k] (k the product of the trailing dimensions), refused if its
+/// f16 values would not fit one storage binding.
+fn matrix_dims(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<(usize, usize)> {
     let t = ck.tensor(name)?;
     let n = t.dims[0];
     let k: usize = t.dims[1..].iter().product();
@@ -495,6 +496,13 @@ fn matrix_bits<'c>(gpu: &Gpu, ck: &'c Checkpoint, name: &str) -> Result<(std::bo
             gpu.info.max_storage_binding >> 20
         )));
     }
+    Ok((n, k))
+}
+
+/// A checkpoint matrix's f16 bits as stored ([n][k], k the product of the trailing
+/// dimensions), refused if it would not fit one storage binding.
+fn matrix_bits<'c>(gpu: &Gpu, ck: &'c Checkpoint, name: &str) -> Result<(std::borrow::Cow<'c, [u16]>, usize, usize)> {
+    let (n, k) = matrix_dims(gpu, ck, name)?;
     Ok((ck.f16_bits(name)?, n, k))
 }
 
@@ -503,8 +511,14 @@ fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
     F16Matrix::from_bits(gpu, name, &bits, n, k)
 }
 
-/// A checkpoint matrix as stored, row-major (the embedding table: see F16Rows).
+/// A checkpoint matrix as stored, row-major (the embedding table: see F16Rows). Stored as
+/// float16, its bytes go up as they lie in the file (no copy: 40 of tiny.en's 76 MB).
 fn rows_matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Rows> {
+    let t = ck.tensor(name)?;
+    if t.dtype == DType::F16 && cfg!(target_endian = "little") {
+        let (n, k) = matrix_dims(gpu, ck, name)?;
+        return F16Rows::from_le_bytes(gpu, name, t.bytes, n, k);
+    }
     let (bits, n, k) = matrix_bits(gpu, ck, name)?;
     F16Rows::from_bits(gpu, name, &bits, n, k)
 }
@@ -603,57 +617,84 @@ impl GpuWhisper {
         // their input into f16 planes first (gemm_planes.wgsl, where the device has
         // cooperative matrices).
         kern.reserve_gemm_planes(g, dims.audio_ctx.max(dims.text_ctx) as u32, dims.d_model.max(dims.ffn) as u32)?;
-        let mut enc_layers = Vec::with_capacity(dims.encoder_layers);
-        for i in 0..dims.encoder_layers {
-            let p = format!("encoder/layer_{i}");
-            enc_layers.push(EncoderLayer {
-                attn_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
-                qkv: linear(g, ck, &format!("{p}/self_attention/linear_0"))?,
-                attn_out: linear(g, ck, &format!("{p}/self_attention/linear_1"))?,
-                ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
-                fc1: linear(g, ck, &format!("{p}/ffn/linear_0"))?,
-                fc2: linear(g, ck, &format!("{p}/ffn/linear_1"))?,
-            });
-        }
-        let mut dec_layers = Vec::with_capacity(dims.decoder_layers);
         let cache = (dims.text_ctx * 3 * d * 4) as u64;
         let kv_stride = 2 * d;
         let enc_kv = g.buffer("cross k|v", (dims.decoder_layers * dims.audio_ctx * kv_stride * 4) as u64)?;
-        let cross_kv = {
-            let (mut w, mut b) = (Vec::new(), Vec::new());
-            for i in 0..dims.decoder_layers {
-                let p = format!("decoder/layer_{i}/attention/linear_1");
-                let (bits, n, k) = matrix_bits(g, ck, &format!("{p}/weight"))?;
-                let bias = ck.f32(&format!("{p}/bias"))?;
-                if n != 2 * d || k != d || bias.len() != n {
-                    return Err(Error::model(&ck.dir, format!("{p}: {n} x {k} with {} biases, not {} x {d}", bias.len(), 2 * d)));
-                }
-                w.extend_from_slice(&bits);
-                b.extend_from_slice(&bias);
-            }
-            if w.len() * 2 > g.info.max_storage_binding as usize {
-                return Err(Error::Unsupported(format!("the cross K|V weights ({} MB) exceed the adapter's storage binding limit", (w.len() * 2) >> 20)));
-            }
-            Linear { w: F16Matrix::from_bits(g, "cross k|v weights", &w, dims.decoder_layers * 2 * d, d)?, b: g.upload_f32("cross k|v biases", &b)? }
-        };
-        for i in 0..dims.decoder_layers {
-            let p = format!("decoder/layer_{i}");
-            dec_layers.push(DecoderLayer {
-                self_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
-                qkv: dec_linear(g, ck, &format!("{p}/self_attention/linear_0"), quant)?,
-                self_out: dec_linear(g, ck, &format!("{p}/self_attention/linear_1"), quant)?,
-                cross_norm: norm(g, ck, &format!("{p}/attention/layer_norm"))?,
-                cross_q: dec_linear(g, ck, &format!("{p}/attention/linear_0"), quant)?,
-                cross_out: dec_linear(g, ck, &format!("{p}/attention/linear_2"), quant)?,
-                ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
-                fc1: dec_linear(g, ck, &format!("{p}/ffn/linear_0"), quant)?,
-                fc2: dec_linear(g, ck, &format!("{p}/ffn/linear_1"), quant)?,
-                qkv_cache: g.buffer("q|k|v cache", cache)?,
-                enc_kv: enc_kv.clone(),
-                kv_off: i * dims.audio_ctx * 2 * d,
-                kv_stride,
+        // Each layer's weights are copied, transposed and uploaded on a thread of their own
+        // (`side_by_side`), the decoder's beside the encoder's and the embedding table (the
+        // largest tensor, uploaded as stored) beside both: one after another that host work
+        // took ~95 ms of a tiny.en load on the lent H100s (2026-12-06, eighteenth session),
+        // longer than anything else there once the device was open.
+        let table = "decoder/embeddings/weight";
+        let ((emb, logits_q), enc_layers, (cross_kv, dec_layers)) = std::thread::scope(|s| {
+            // The replay's raw pipelines of the decode kernels, which the first file's passes
+            // would otherwise wait for. A kernel that fails here is compiled again where a
+            // pass first takes it, which reports the error.
+            s.spawn(|| g.prebuild_replay(&kern.decode_kernels(quant.is_some())));
+            let emb = s.spawn(|| -> Result<_> {
+                let q = match quant {
+                    Some(f) => Some(qmatrix(g, ck, table, f)?),
+                    None => None,
+                };
+                Ok((rows_matrix(g, ck, table)?, q))
             });
-        }
+            let decoder = s.spawn(|| -> Result<_> {
+                let cross_kv = {
+                    let (mut w, mut b) = (Vec::new(), Vec::new());
+                    for i in 0..dims.decoder_layers {
+                        let p = format!("decoder/layer_{i}/attention/linear_1");
+                        let (bits, n, k) = matrix_bits(g, ck, &format!("{p}/weight"))?;
+                        let bias = ck.f32(&format!("{p}/bias"))?;
+                        if n != 2 * d || k != d || bias.len() != n {
+                            return Err(Error::model(&ck.dir, format!("{p}: {n} x {k} with {} biases, not {} x {d}", bias.len(), 2 * d)));
+                        }
+                        w.extend_from_slice(&bits);
+                        b.extend_from_slice(&bias);
+                    }
+                    if w.len() * 2 > g.info.max_storage_binding as usize {
+                        return Err(Error::Unsupported(format!("the cross K|V weights ({} MB) exceed the adapter's storage binding limit", (w.len() * 2) >> 20)));
+                    }
+                    Linear { w: F16Matrix::from_bits(g, "cross k|v weights", &w, dims.decoder_layers * 2 * d, d)?, b: g.upload_f32("cross k|v biases", &b)? }
+                };
+                let dec_layers = side_by_side(dims.decoder_layers, |i| {
+                    let p = format!("decoder/layer_{i}");
+                    Ok(DecoderLayer {
+                        self_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
+                        qkv: dec_linear(g, ck, &format!("{p}/self_attention/linear_0"), quant)?,
+                        self_out: dec_linear(g, ck, &format!("{p}/self_attention/linear_1"), quant)?,
+                        cross_norm: norm(g, ck, &format!("{p}/attention/layer_norm"))?,
+                        cross_q: dec_linear(g, ck, &format!("{p}/attention/linear_0"), quant)?,
+                        cross_out: dec_linear(g, ck, &format!("{p}/attention/linear_2"), quant)?,
+                        ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
+                        fc1: dec_linear(g, ck, &format!("{p}/ffn/linear_0"), quant)?,
+                        fc2: dec_linear(g, ck, &format!("{p}/ffn/linear_1"), quant)?,
+                        qkv_cache: g.buffer("q|k|v cache", cache)?,
+                        enc_kv: enc_kv.clone(),
+                        kv_off: i * dims.audio_ctx * 2 * d,
+                        kv_stride,
+                    })
+                })?
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
+                Ok((cross_kv, dec_layers))
+            });
+            let layers = side_by_side(dims.encoder_layers, |i| {
+                let p = format!("encoder/layer_{i}");
+                Ok(EncoderLayer {
+                    attn_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
+                    qkv: linear(g, ck, &format!("{p}/self_attention/linear_0"))?,
+                    attn_out: linear(g, ck, &format!("{p}/self_attention/linear_1"))?,
+                    ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
+                    fc1: linear(g, ck, &format!("{p}/ffn/linear_0"))?,
+                    fc2: linear(g, ck, &format!("{p}/ffn/linear_1"))?,
+                })
+            })?
+            .into_iter()
+            .collect::<Result<Vec<_>>>();
+            let emb = emb.join().map_err(|_| Error::Gpu("the embedding table's thread panicked".into()))?;
+            let decoder = decoder.join().map_err(|_| Error::Gpu("the decoder weights' thread panicked".into()))?;
+            Ok::<_, Error>((emb?, layers?, decoder?))
+        })?;
         // conv1 (K = 3 x 80 = 240) on the GEMM over planes wants K a multiple of its slice:
         // its weight gets zero rows to the next one.
         let conv1 = {
@@ -686,11 +727,8 @@ impl GpuWhisper {
             enc_norm: norm(g, ck, "encoder/layer_norm")?,
             cross_kv,
             enc_kv,
-            emb: rows_matrix(g, ck, "decoder/embeddings/weight")?,
-            logits_q: match quant {
-                Some(f) => Some(qmatrix(g, ck, "decoder/embeddings/weight", f)?),
-                None => None,
-            },
+            emb,
+            logits_q,
             quant,
             draft: None,
             dec_pos: g.upload_f32("decoder positions", &ck.f32("decoder/position_encodings/encodings")?)?,
