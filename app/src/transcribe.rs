@@ -9,7 +9,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use clap::{CommandFactory, ValueEnum};
@@ -17,7 +17,7 @@ use engine::decode::draft::Speculative;
 use engine::decode::whisper::SpecStats;
 use engine::gpu::{Gpu, GpuOptions};
 use engine::quant::block::BlockFormat;
-use engine::pipeline::{Options, Stage, Transcriber, Transcript};
+use engine::pipeline::{FileAudio, Options, Stage, Transcriber, Transcript};
 
 use crate::export::{self, Cue};
 use crate::model_fetch;
@@ -185,6 +185,31 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
     // Check every file can be opened before the (slow) model load and the (large) first
     // download: a mistyped name should fail in milliseconds.
     let readable: Vec<Result<(), String>> = args.files.iter().map(|f| check_readable(f)).collect();
+    // Each readable file's audio is read (decoded, resampled) on a thread ahead of the GPU:
+    // the first while the GPU opens and the model loads, each next one while the one before
+    // is transcribed. One at a time: a read file waits for the GPU to take it.
+    let to_read: Vec<&Path> = args.files.iter().zip(&readable).filter(|(_, r)| r.is_ok()).map(|(f, _)| f.as_path()).collect();
+    std::thread::scope(|s| {
+        let (tx, rx) = mpsc::sync_channel(0);
+        s.spawn(move || {
+            for file in to_read {
+                // The receiver gone (the run ended early): stop reading.
+                if tx.send(FileAudio::read(file).map_err(|e| e.to_string())).is_err() {
+                    break;
+                }
+            }
+        });
+        transcribe_read(args, format, readable, &rx)
+    })
+}
+
+/// [`transcribe_all`] with each readable file's audio, in order, from `audio`.
+fn transcribe_read(
+    args: &Args,
+    format: Format,
+    readable: Vec<Result<(), String>>,
+    audio: &mpsc::Receiver<Result<FileAudio, String>>,
+) -> io::Result<bool> {
     let mut transcriber = None;
     let mut gpu_open = Duration::ZERO;
     if readable.iter().any(Result::is_ok) {
@@ -213,10 +238,11 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
 
     for (file, check) in args.files.iter().zip(readable) {
         let result = check.and_then(|()| {
+            let read = audio.recv().map_err(|_| "the thread reading the audio stopped".to_string())??;
             // Always Some here: the model was loaded because this file is readable.
             let tr = transcriber.as_mut().ok_or("no model loaded")?;
             tr.reset_profile();
-            tr.transcribe_file(file, &opts).map_err(|e| e.to_string())
+            tr.transcribe_audio(read, &opts, &mut |_| {}).map_err(|e| e.to_string())
         });
         let t = match result {
             Ok(t) => t,

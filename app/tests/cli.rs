@@ -426,6 +426,41 @@ fn jfk_plain_text_with_timings() {
     assert_eq!(lines.len(), 12, "nothing after the summary:\n{}", run.stdout);
 }
 
+/// Files are read ahead of the GPU (each next one while the one before is transcribed):
+/// a stereo copy of JFK's first 7 s, an empty file and JFK still come out in order, the
+/// copy with the first of JFK's words (its two equal channels average to the same samples).
+#[test]
+fn files_read_ahead_come_out_in_order() {
+    let root = workspace_root();
+    let dir = TempDir::new("read-ahead");
+    let jfk = jfk_bytes();
+    let mono = &jfk[44..44 + 7 * 16_000 * 2];
+    let mut stereo = jfk[..44].to_vec();
+    stereo[22..24].copy_from_slice(&2u16.to_le_bytes()); // channels
+    stereo[28..32].copy_from_slice(&(16_000u32 * 4).to_le_bytes()); // byte rate
+    stereo[32..34].copy_from_slice(&4u16.to_le_bytes()); // block align
+    stereo[40..44].copy_from_slice(&(mono.len() as u32 * 2).to_le_bytes());
+    stereo[4..8].copy_from_slice(&(36 + mono.len() as u32 * 2).to_le_bytes());
+    for s in mono.chunks_exact(2) {
+        stereo.extend_from_slice(s);
+        stereo.extend_from_slice(s);
+    }
+    let stereo = dir.file("stereo.wav", &stereo);
+    let empty = dir.file("empty.wav", b"");
+    let (stereo, empty) = (stereo.to_str().unwrap(), empty.to_str().unwrap());
+    let run = transcribe(&root, &["transcribe", stereo, empty, "assets/jfk.wav"]);
+    assert_failed(&run, 1, &[empty]);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "a line for each good file:\n{}", run.stdout);
+    let texts: Vec<String> = lines
+        .iter()
+        .zip([stereo, "assets/jfk.wav"])
+        .map(|(line, name)| normalised(line.strip_prefix(&format!("{name}: ")).unwrap_or_else(|| panic!("{name} first: {line:?}"))))
+        .collect();
+    assert!(texts[0].len() > 10 && texts[0].len() < JFK.len() - 20 && JFK.starts_with(&texts[0]), "the first 7 s: {:?}", texts[0]);
+    assert_eq!(texts[1], JFK);
+}
+
 /// `--json` with a bad file first: the bad one gets its line, the good one is still
 /// transcribed, the document parses and has the segments, exit 1.
 #[test]
