@@ -211,13 +211,9 @@ fn transcribe_read(
     audio: &mpsc::Receiver<Result<FileAudio, String>>,
 ) -> io::Result<bool> {
     let mut transcriber = None;
-    let mut gpu_open = Duration::ZERO;
     if readable.iter().any(Result::is_ok) {
         match load(args) {
-            Ok((t, open)) => {
-                transcriber = Some(t);
-                gpu_open = open;
-            }
+            Ok(t) => transcriber = Some(t),
             Err(msg) => {
                 // No model or no GPU: every file would fail the same way. Say it once.
                 eprintln!("verbatim: {msg}");
@@ -253,7 +249,7 @@ fn transcribe_read(
                 continue;
             }
         };
-        let load_time = transcriber.as_ref().map(|tr| tr.load_time).unwrap_or_default();
+        let (gpu_open, load_time) = transcriber.as_ref().map(|tr| (tr.gpu_open_time, tr.load_time)).unwrap_or_default();
 
         let doc = match format {
             Format::Txt if args.timestamps => {
@@ -334,9 +330,8 @@ fn check_readable(path: &Path) -> Result<(), String> {
     }
 }
 
-/// Find (fetching if need be) the model, open the GPU, load the model onto it; with the
-/// time opening the GPU took.
-fn load(args: &Args) -> Result<(Transcriber, Duration), String> {
+/// Find (fetching if need be) the model, open the GPU, load the model onto it.
+fn load(args: &Args) -> Result<Transcriber, String> {
     let model_dir = match &args.model {
         // A directory the user named: the engine says precisely what is wrong with it.
         Some(dir) => dir.clone(),
@@ -344,9 +339,7 @@ fn load(args: &Args) -> Result<(Transcriber, Duration), String> {
     };
     // The device opens while the tokenizer is parsed (`Transcriber::open_with`).
     let open_gpu = || Gpu::new(&GpuOptions { profile: args.kernels, ..Default::default() }).map(Arc::new);
-    let tr = Transcriber::open_with(open_gpu, &model_dir, args.quant).map_err(|e| e.to_string())?;
-    let open = tr.gpu_open_time;
-    Ok((tr, open))
+    Transcriber::open_with(open_gpu, &model_dir, args.quant).map_err(|e| e.to_string())
 }
 
 /// The default model's directory, downloaded first when it is missing.

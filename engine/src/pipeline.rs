@@ -80,8 +80,8 @@ impl Transcript {
 
 /// A file's audio decoded and resampled to 16 kHz mono: the host's part of a file, which
 /// needs no model, so it can run ahead on a thread of its own (the CLI reads each file
-/// while the GPU opens or transcribes the one before: ~0.4 s of a 10-minute 44.1 kHz
-/// stereo file on the 2-core CI machine, 2026-12-06).
+/// while the GPU opens or transcribes the one before: 0.3-0.4 s of a 10-minute 44.1 kHz
+/// stereo file on a 2-core machine like CI's, 2026-12-06).
 pub struct FileAudio {
     pub path: PathBuf,
     /// Mono, 16 kHz.
