@@ -11,6 +11,7 @@ pub mod models;
 pub mod pipeline;
 pub mod quant;
 pub mod reference;
+pub(crate) mod threads;
 
 pub use error::{Error, Result};
 

@@ -112,3 +112,31 @@ fn jfk_sample_gives_the_sentence() {
         "and so my fellow americans ask not what your country can do for you ask what you can do for your country"
     );
 }
+
+/// `Transcriber::open_with`: a device that fails to open is the error (the tokenizer's
+/// thread beside it joined, nothing left waiting), and a directory that holds no model fails
+/// before any device is asked for.
+#[test]
+fn open_with_reports_the_device_and_checks_the_model_first() {
+    use engine::pipeline::Transcriber;
+    let model = engine::models::whisper::default_model_dir();
+    let r = Transcriber::open_with(|| Err(engine::Error::NoAdapter("no device here".into())), &model, None);
+    let Err(e) = r else { panic!("opened without a device") };
+    assert!(matches!(e, engine::Error::NoAdapter(ref m) if m == "no device here"), "{e}");
+
+    let empty = std::env::temp_dir().join(format!("verbatim-no-model-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let asked = std::cell::Cell::new(false);
+    let r = Transcriber::open_with(
+        || {
+            asked.set(true);
+            Err(engine::Error::NoAdapter("asked".into()))
+        },
+        &empty,
+        None,
+    );
+    std::fs::remove_dir_all(&empty).ok();
+    let Err(e) = r else { panic!("a model from an empty directory") };
+    assert!(!asked.get(), "the device was asked for before the model was checked: {e}");
+    assert!(e.to_string().contains(&*empty.to_string_lossy()), "the error names the directory: {e}");
+}

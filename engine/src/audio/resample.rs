@@ -14,6 +14,8 @@
 
 use rubato::{FftFixedInOut, Resampler};
 
+use crate::threads::side_by_side;
+
 use super::SAMPLE_RATE;
 use crate::{Error, Result};
 
@@ -44,7 +46,7 @@ pub fn resample(input: &[f32], from_rate: u32, to_rate: u32) -> Result<Vec<f32>>
     resample_threads(input, from_rate, to_rate, if input.len() >= THREADED_MIN { cores } else { 1 })
 }
 
-/// [`resample`] on at most `threads` threads, each taking a run of whole chunks. The
+/// [`resample`] in `threads` runs of whole chunks, side by side ([`side_by_side`]). The
 /// output of a chunk is its own filtered FFT plus the tail the chunk before left (rubato's
 /// `resample_unit`: the overlap after a chunk depends on that chunk's input alone), so a
 /// thread that first feeds the chunk before its run (and drops that output) computes its
@@ -78,23 +80,23 @@ pub fn resample_threads(input: &[f32], from_rate: u32, to_rate: u32, threads: us
     let fail = |e: &dyn std::fmt::Display| {
         Error::AudioData(format!("resampling from {from_rate} Hz to {to_rate} Hz failed: {e}"))
     };
+    let (chunk_in, chunk_out) = (units * unit_in, units * (to / g) as usize);
     let new = || -> Result<FftFixedInOut<f32>> {
-        let rs = FftFixedInOut::<f32>::new(from_rate as usize, to_rate as usize, units * unit_in, 1)
-            .map_err(|e| fail(&e))?;
-        if rs.input_frames_next() != units * unit_in || rs.output_frames_next() % 2 != 0 {
+        let rs = FftFixedInOut::<f32>::new(from_rate as usize, to_rate as usize, chunk_in, 1).map_err(|e| fail(&e))?;
+        if rs.input_frames_next() != chunk_in || rs.output_frames_next() != chunk_out || chunk_out % 2 != 0 {
             // rubato chose other sizes than we planned for: the delay below would be wrong.
             return Err(fail(&format!("unexpected chunk sizes {} -> {}", rs.input_frames_next(), rs.output_frames_next())));
         }
         Ok(rs)
     };
-    let rs = new()?;
-    let (chunk_in, chunk_out) = (rs.input_frames_next(), rs.output_frames_next());
     let delay = chunk_out / 2;
     // Chunks until `delay` + `n_out` samples have come out. Past the end the input is
     // silence; rubato needs whole chunks.
     let chunks = (delay + n_out).div_ceil(chunk_out);
-    // Chunks [first, end) through `rs`, after the chunk before `first` (its output dropped).
-    let run = |mut rs: FftFixedInOut<f32>, first: usize, end: usize| -> Result<Vec<f32>> {
+    // Chunks [first, end) through a resampler of their own, after the chunk before `first`
+    // (its output dropped).
+    let run = |first: usize, end: usize| -> Result<Vec<f32>> {
+        let mut rs = new()?;
         let mut out = Vec::with_capacity((end - first) * chunk_out);
         let mut in_buf = vec![0f32; chunk_in];
         let mut out_buf = vec![0f32; chunk_out];
@@ -110,21 +112,9 @@ pub fn resample_threads(input: &[f32], from_rate: u32, to_rate: u32, threads: us
         }
         Ok(out)
     };
-    let threads = threads.clamp(1, chunks);
-    let parts: Vec<Result<Vec<f32>>> = if threads == 1 {
-        vec![run(rs, 0, chunks)]
-    } else {
-        let per = chunks.div_ceil(threads);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..chunks.div_ceil(per))
-                .map(|t| {
-                    let (run, new) = (&run, &new);
-                    s.spawn(move || run(new()?, t * per, ((t + 1) * per).min(chunks)))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(fail(&"a resampling thread panicked")))).collect()
-        })
-    };
+    let per = chunks.div_ceil(threads.clamp(1, chunks));
+    let parts = side_by_side(chunks.div_ceil(per), |t| run(t * per, ((t + 1) * per).min(chunks)))
+        .map_err(|_| fail(&"a resampling thread panicked"))?;
     // The parts in order, less the filter's delay at the front and what runs past n_out.
     let mut out = Vec::with_capacity(n_out);
     let mut skip = delay;

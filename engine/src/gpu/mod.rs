@@ -13,7 +13,7 @@ mod recorder;
 mod replay;
 pub mod warm_up;
 
-pub(crate) use compile::side_by_side;
+use crate::threads::side_by_side;
 
 /// Bytes a large upload writes at a time (a multiple of wgpu's copy alignment).
 const UPLOAD_CHUNK: usize = 4 << 20;

@@ -244,7 +244,7 @@ impl Replayer {
     }
 
     /// Compile the kernels of `cmds` that have no raw pipeline yet, side by side
-    /// (`compile::side_by_side`). A program's first build used to compile its ~35
+    /// (`threads::side_by_side`). A program's first build used to compile its ~35
     /// kernels one after another: 1.1 s of a first file's prefill on an H100 with the
     /// driver's cache empty, ~40 ms with it full (2026-12-06, seventeenth session).
     fn compile_missing(&mut self, cmds: &[ProgramCmd]) -> Result<()> {
@@ -270,7 +270,7 @@ impl Replayer {
         if missing.len() < min {
             return Ok(());
         }
-        let made = super::compile::side_by_side(missing.len(), |i| (missing[i].name, self.compile(missing[i])))?;
+        let made = crate::threads::side_by_side(missing.len(), |i| (missing[i].name, self.compile(missing[i])))?;
         let mut first_err = None;
         for (name, r) in made {
             match r {

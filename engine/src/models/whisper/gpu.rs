@@ -35,12 +35,13 @@ use super::checkpoint::Checkpoint;
 use super::ct2::DType;
 use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
-use crate::gpu::{side_by_side, DispatchCache, Encoded, Gpu, Profile, Recorder, Signature, Ticket};
+use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder, Signature, Ticket};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
     Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
 };
 use crate::quant::block::{BlockFormat, BlockQuant};
+use crate::threads::side_by_side;
 use crate::{Error, Result};
 
 const LN_EPS: f32 = 1e-5;

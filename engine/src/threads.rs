@@ -1,0 +1,86 @@
+//! Host work spread over the machine's cores: [`side_by_side`] and how many threads.
+
+use crate::{Error, Result};
+
+/// Worker threads for `n` cores: the cores, at most 16, at least 1.
+fn workers(cores: Option<usize>) -> usize {
+    cores.unwrap_or(1).clamp(1, 16)
+}
+
+/// Threads to work on here (`workers` of this machine's cores): the kernels a load compiles
+/// (gpu/compile.rs), and what [`side_by_side`] runs.
+pub(crate) fn threads() -> usize {
+    workers(std::thread::available_parallelism().ok().map(|n| n.get()))
+}
+
+/// `f(0)`, ..., `f(n - 1)` on up to [`threads`] threads, each taking the next index
+/// as it finishes one; the results in index order. The replay's raw pipelines are built
+/// this way, a model's weights are prepared (copied, transposed) and uploaded so, and a
+/// long input is resampled in runs of chunks so.
+pub(crate) fn side_by_side<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Result<Vec<T>> {
+    if n <= 1 {
+        return Ok((0..n).map(f).collect());
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: Vec<Vec<(usize, T)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads().min(n))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= n {
+                            break out;
+                        }
+                        out.push((i, f(i)));
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().map_err(|_| Error::Gpu("a worker thread panicked".into()))).collect::<Result<_>>()
+    })?;
+    let mut all: Vec<(usize, T)> = done.into_iter().flatten().collect();
+    all.sort_by_key(|(i, _)| *i);
+    Ok(all.into_iter().map(|(_, t)| t).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{side_by_side, workers};
+    use crate::Error;
+
+    /// Every index once, the results in index order whichever thread finished first; a
+    /// panicking call fails the whole, and none or one call runs on the caller's thread.
+    #[test]
+    fn side_by_side_calls_each_index_once_and_keeps_their_order() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls: Vec<AtomicUsize> = (0..37).map(|_| AtomicUsize::new(0)).collect();
+        let got = side_by_side(37, |i| {
+            calls[i].fetch_add(1, Ordering::Relaxed);
+            // Later indices finish sooner, so the threads' own order is not the answer's.
+            std::thread::sleep(std::time::Duration::from_micros(((37 - i) * 50) as u64));
+            i * i + 1
+        })
+        .unwrap();
+        assert_eq!(got, (0..37).map(|i| i * i + 1).collect::<Vec<_>>());
+        assert!(calls.iter().all(|c| c.load(Ordering::Relaxed) == 1));
+        assert_eq!(side_by_side(0, |i| i).unwrap(), Vec::<usize>::new());
+        let here = std::thread::current().id();
+        assert_eq!(side_by_side(1, |_| std::thread::current().id()).unwrap(), vec![here]);
+        let r = side_by_side(9, |i| {
+            if i == 4 {
+                panic!("index 4 fails");
+            }
+            i
+        });
+        assert!(matches!(r, Err(Error::Gpu(ref m)) if m.contains("panicked")), "{r:?}");
+    }
+
+    #[test]
+    fn workers_follow_the_cores_within_bounds() {
+        assert_eq!(workers(None), 1);
+        assert_eq!(workers(Some(0)), 1);
+        assert_eq!(workers(Some(2)), 2);
+        assert_eq!(workers(Some(128)), 16);
+    }
+}
