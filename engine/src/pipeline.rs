@@ -15,7 +15,7 @@ use crate::decode::draft::Speculative;
 use crate::decode::whisper::{default_draft_layers, suppress_list, transcribe, DecodeOptions, Segment, SpecStats};
 use crate::gpu::Gpu;
 use crate::models::whisper::checkpoint::Checkpoint;
-use crate::models::whisper::gpu::{GpuWhisper, HostWeights};
+use crate::models::whisper::gpu::GpuWhisper;
 use crate::quant::block::BlockFormat;
 use crate::{Error, Result};
 
@@ -103,12 +103,6 @@ impl FileAudio {
     }
 }
 
-/// Whether a load prepares the weights on the host while the device opens
-/// (`VERBATIM_HOST_AHEAD=0`: after it, as before, to compare on a device).
-fn host_ahead() -> bool {
-    std::env::var("VERBATIM_HOST_AHEAD").map_or(true, |v| v != "0")
-}
-
 /// A loaded model ready to transcribe files, on its own device or a borrowed one.
 pub struct Transcriber {
     pub model_dir: PathBuf,
@@ -145,14 +139,11 @@ impl Transcriber {
         let ck = &ck;
         let (model, tokenizer, gpu_open_time) = std::thread::scope(|s| {
             let tokenizer = s.spawn(move || WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32));
-            // The weights' host work, on the cores the device's opening leaves idle.
-            let host = s.spawn(move || if host_ahead() { HostWeights::prepare(ck, quant) } else { HostWeights::default() });
             let opened = Instant::now();
             let gpu = open_gpu()?;
             let gpu_open_time = opened.elapsed();
-            let host = host.join().map_err(|_| Error::Gpu("the weights' host thread panicked".into()))?;
             // The special ids are checked against the model once both are there.
-            let (model, tokenizer) = GpuWhisper::load_beside(gpu, ck, quant, host, move || {
+            let (model, tokenizer) = GpuWhisper::load_beside(gpu, ck, quant, move || {
                 let tokenizer: WhisperTokenizer =
                     tokenizer.join().map_err(|_| Error::Gpu("the tokenizer's thread panicked".into()))??;
                 let sp = tokenizer.special();

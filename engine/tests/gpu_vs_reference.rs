@@ -35,7 +35,7 @@ use engine::decode::{LogitSource, Step, StepRules, StepScores, TsState};
 use engine::gpu::{Gpu, GpuOptions};
 use engine::models::whisper::checkpoint::{write_synthetic, Checkpoint};
 use engine::models::whisper::ct2::{write_ct2, Ct2File, DType};
-use engine::models::whisper::gpu::{GpuWhisper, HostWeights, MAX_VERIFY};
+use engine::models::whisper::gpu::{GpuWhisper, MAX_VERIFY};
 use engine::models::whisper::{default_model_dir, Dims};
 use engine::reference::select::masked_scores;
 use engine::reference::whisper::CpuWhisper;
@@ -201,12 +201,8 @@ fn pair_on(gpu: Arc<Gpu>, geom: Geometry, weight_seed: u64, tag: &str) -> Pair {
         .expect("write the synthetic model");
     let ck = Checkpoint::open(&dir.0).expect("open the synthetic model");
     assert_eq!(ck.dims, geom.dims);
-    // With its weights prepared on the host first, as `Transcriber` loads them (the
-    // quantized and odd-geometry tests below load without).
-    let host = HostWeights::prepare(&ck, None);
-    assert!(!host.is_empty(), "no weights prepared");
-    let (gpu, ()) = GpuWhisper::load_beside(gpu, &ck, None, host, || Ok(((), geom.eot, geom.timestamp_begin)))
-        .expect("load on the GPU");
+    let gpu =
+        GpuWhisper::load(gpu, &ck, geom.eot, geom.timestamp_begin).expect("load on the GPU");
     let mut cpu = CpuWhisper::from_checkpoint(&ck).expect("load on the CPU");
     cpu.set_vocab_layout(geom.eot, geom.timestamp_begin)
         .unwrap();

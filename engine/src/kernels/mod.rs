@@ -500,12 +500,6 @@ impl F16Matrix {
         if bits.len() != n * k {
             return Err(Error::Invalid(format!("{label}: {} values for a [{n}, {k}] matrix", bits.len())));
         }
-        Self::from_transposed(gpu, label, &Self::transposed(bits, n, k), n, k)
-    }
-
-    /// `bits` (f16, row-major [n][k]) in the GPU's layout, [k][n]: the host's part of
-    /// [`F16Matrix::from_bits`], which needs no device (a load does it while the device opens).
-    pub fn transposed(bits: &[u16], n: usize, k: usize) -> Vec<u16> {
         let mut t = vec![0u16; n * k];
         // Blocked transpose: 64x64 tiles keep both sides in cache for large matrices.
         const B: usize = 64;
@@ -518,15 +512,7 @@ impl F16Matrix {
                 }
             }
         }
-        t
-    }
-
-    /// Upload a matrix already in the GPU's layout ([`F16Matrix::transposed`] of [n][k]).
-    pub fn from_transposed(gpu: &Gpu, label: &str, t: &[u16], n: usize, k: usize) -> Result<Self> {
-        if n % 2 != 0 || t.len() != n * k {
-            return Err(Error::Invalid(format!("{label}: {} values for a [{k}][{n}] matrix (n even)", t.len())));
-        }
-        Ok(F16Matrix { buf: gpu.upload(label, bytemuck::cast_slice(t))?, n: n as u32, k: k as u32 })
+        Ok(F16Matrix { buf: gpu.upload(label, bytemuck::cast_slice(&t))?, n: n as u32, k: k as u32 })
     }
 
     pub fn bytes(&self) -> u64 {

@@ -507,112 +507,10 @@ fn matrix_bits<'c>(gpu: &Gpu, ck: &'c Checkpoint, name: &str) -> Result<(std::bo
     Ok((ck.f16_bits(name)?, n, k))
 }
 
-fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str, host: &HostWeights) -> Result<F16Matrix> {
-    if let Some(t) = host.transposed.get(name) {
-        let (n, k) = matrix_dims(gpu, ck, name)?;
-        return F16Matrix::from_transposed(gpu, name, t, n, k);
-    }
+fn matrix(gpu: &Gpu, ck: &Checkpoint, name: &str) -> Result<F16Matrix> {
     let (bits, n, k) = matrix_bits(gpu, ck, name)?;
     F16Matrix::from_bits(gpu, name, &bits, n, k)
 }
-
-/// The decoder layers' cross-attention K|V projections ([2d][d] each, f16) one under the
-/// other: the one matrix that projects every layer's K|V from the encoder's output.
-fn cross_kv_bits(ck: &Checkpoint) -> Result<Vec<u16>> {
-    let mut w = Vec::new();
-    for i in 0..ck.dims.decoder_layers {
-        w.extend_from_slice(&ck.f16_bits(&cross_kv_name(i))?);
-    }
-    Ok(w)
-}
-
-fn cross_kv_name(layer: usize) -> String {
-    format!("decoder/layer_{layer}/attention/linear_1/weight")
-}
-
-/// [`HostWeights`]' name for the joined cross K|V matrix.
-const CROSS_KV: &str = "cross k|v weights";
-
-/// A model's weights made ready on the host before its device exists: the f16 matrices
-/// transposed to the GPU's layout, and every page of the file touched (the file is mapped:
-/// each first touch of a page is a fault). Opening a Vulkan device took ~135 ms on the
-/// lent H100s with the other cores idle, and that host work, done after it, was most of
-/// a tiny.en load's ~50 ms (2026-12-06). A matrix missing here is transposed during the
-/// load, as before; a tensor that fails here fails there again, with its error.
-#[derive(Default)]
-pub struct HostWeights {
-    transposed: std::collections::HashMap<String, Vec<u16>>,
-}
-
-/// Bytes of transposed weights [`HostWeights::prepare`] holds at most: beyond it (the
-/// larger models) the rest are transposed during the load, layer by layer as before.
-const HOST_AHEAD_BYTES: usize = 512 << 20;
-
-impl HostWeights {
-    /// Prepare `ck`'s f16 matrices that a load with `quant` uploads, in the load's order,
-    /// up to `HOST_AHEAD_BYTES`, on [`crate::threads::threads`] threads.
-    pub fn prepare(ck: &Checkpoint, quant: Option<BlockFormat>) -> HostWeights {
-        let dims = ck.dims;
-        let mut names = vec!["encoder/conv2/weight".to_string()];
-        for i in 0..dims.encoder_layers {
-            for l in ["self_attention/linear_0", "self_attention/linear_1", "ffn/linear_0", "ffn/linear_1"] {
-                names.push(format!("encoder/layer_{i}/{l}/weight"));
-            }
-        }
-        if quant.is_none() {
-            for i in 0..dims.decoder_layers {
-                for l in ["self_attention/linear_0", "self_attention/linear_1", "attention/linear_0", "attention/linear_2", "ffn/linear_0", "ffn/linear_1"] {
-                    names.push(format!("decoder/layer_{i}/{l}/weight"));
-                }
-            }
-        }
-        let mut budget = HOST_AHEAD_BYTES;
-        names.retain(|name| {
-            let Ok(t) = ck.tensor(name) else { return false };
-            let bytes = t.dims.iter().product::<usize>() * 2;
-            let keep = t.dtype == DType::F16 && bytes <= budget;
-            budget = budget.saturating_sub(if keep { bytes } else { 0 });
-            keep
-        });
-        let cross = dims.decoder_layers * 2 * dims.d_model;
-        let with_cross = cross * dims.d_model * 2 <= budget && (0..dims.decoder_layers).all(|i| ck.tensor(&cross_kv_name(i)).is_ok_and(|t| t.dtype == DType::F16));
-        if with_cross {
-            names.push(CROSS_KV.to_string());
-        }
-        // The embedding table goes up from the file as it lies: its pages only need touching.
-        let table = ck.tensor("decoder/embeddings/weight").map(|t| t.bytes).unwrap_or(&[]);
-        let touch_pieces = table.len().div_ceil(TOUCH_PIECE);
-        let done = side_by_side(names.len() + touch_pieces, |i| {
-            if with_cross && i + 1 == names.len() {
-                let bits = cross_kv_bits(ck).ok()?;
-                return (bits.len() == cross * dims.d_model).then(|| (names[i].clone(), F16Matrix::transposed(&bits, cross, dims.d_model)));
-            }
-            let Some(name) = names.get(i) else {
-                let piece = &table[(i - names.len()) * TOUCH_PIECE..((i - names.len() + 1) * TOUCH_PIECE).min(table.len())];
-                // One byte a page: the fault maps the page for the upload's copy.
-                std::hint::black_box(piece.iter().step_by(4096).fold(0u8, |a, &b| a ^ b));
-                return None;
-            };
-            let t = ck.tensor(name).ok()?;
-            let (n, k) = (t.dims[0], t.dims[1..].iter().product::<usize>());
-            let bits = ck.f16_bits(name).ok()?;
-            (n % 2 == 0 && bits.len() == n * k).then(|| (name.clone(), F16Matrix::transposed(&bits, n, k)))
-        });
-        HostWeights { transposed: done.map(|v| v.into_iter().flatten().collect()).unwrap_or_default() }
-    }
-
-    /// Matrices prepared.
-    pub fn len(&self) -> usize {
-        self.transposed.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.transposed.is_empty()
-    }
-}
-
-/// Bytes of the embedding table one worker touches at a time.
-const TOUCH_PIECE: usize = 4 << 20;
 
 /// A checkpoint matrix as stored, row-major (the embedding table: see F16Rows). Stored as
 /// float16, its bytes go up as they lie in the file (no copy: 40 of tiny.en's 76 MB).
@@ -649,20 +547,20 @@ fn qmatrix(gpu: &Gpu, ck: &Checkpoint, name: &str, format: BlockFormat) -> Resul
     QMatrix::upload(gpu, &format!("{name} {}", format.name()), &q)
 }
 
-fn dec_linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str, quant: Option<BlockFormat>, host: &HostWeights) -> Result<DecLinear> {
+fn dec_linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str, quant: Option<BlockFormat>) -> Result<DecLinear> {
     let name = format!("{prefix}/weight");
     Ok(DecLinear {
         w: match quant {
             Some(f) => Weight::Q(qmatrix(gpu, ck, &name, f)?),
-            None => Weight::F16(matrix(gpu, ck, &name, host)?),
+            None => Weight::F16(matrix(gpu, ck, &name)?),
         },
         b: gpu.upload_f32(&format!("{prefix}/bias"), &ck.f32(&format!("{prefix}/bias"))?)?,
     })
 }
 
-fn linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str, host: &HostWeights) -> Result<Linear> {
+fn linear(gpu: &Gpu, ck: &Checkpoint, prefix: &str) -> Result<Linear> {
     Ok(Linear {
-        w: matrix(gpu, ck, &format!("{prefix}/weight"), host)?,
+        w: matrix(gpu, ck, &format!("{prefix}/weight"))?,
         b: gpu.upload_f32(&format!("{prefix}/bias"), &ck.f32(&format!("{prefix}/bias"))?)?,
     })
 }
@@ -682,24 +580,21 @@ impl GpuWhisper {
         timestamp_begin: u32,
         quant: Option<BlockFormat>,
     ) -> Result<GpuWhisper> {
-        Self::load_beside(gpu, ck, quant, HostWeights::default(), || Ok(((), eot, timestamp_begin))).map(|(m, ())| m)
+        Self::load_beside(gpu, ck, quant, || Ok(((), eot, timestamp_begin))).map(|(m, ())| m)
     }
 
     /// [`GpuWhisper::load_with`] with the special ids from `side`, which runs on a thread of
     /// its own meanwhile and returns them with a value handed back beside the model: the
     /// tokenizer, whose parse (~70 ms on the lent H100's host) then overlaps the upload.
-    /// The matrices in `host` ([`HostWeights::prepare`] of this `ck` and `quant`) are
-    /// uploaded as prepared.
     pub fn load_beside<T: Send>(
         gpu: Arc<Gpu>,
         ck: &Checkpoint,
         quant: Option<BlockFormat>,
-        host: HostWeights,
         side: impl FnOnce() -> Result<(T, u32, u32)> + Send,
     ) -> Result<(GpuWhisper, T)> {
         std::thread::scope(|s| {
             let side = s.spawn(side);
-            let model = gpu.clone().compile_together(|| Self::load_parts(gpu, ck, quant, &host));
+            let model = gpu.clone().compile_together(|| Self::load_parts(gpu, ck, quant));
             let (t, eot, timestamp_begin) = side.join().map_err(|_| Error::Gpu("the thread beside the model load panicked".into()))??;
             let mut m = model?;
             check_specials(ck, eot, timestamp_begin)?;
@@ -709,7 +604,7 @@ impl GpuWhisper {
     }
 
     /// Everything but the special ids (set by the callers once checked).
-    fn load_parts(gpu: Arc<Gpu>, ck: &Checkpoint, quant: Option<BlockFormat>, host: &HostWeights) -> Result<GpuWhisper> {
+    fn load_parts(gpu: Arc<Gpu>, ck: &Checkpoint, quant: Option<BlockFormat>) -> Result<GpuWhisper> {
         let g = &*gpu;
         let dims = ck.dims;
         let d = dims.d_model;
@@ -746,38 +641,34 @@ impl GpuWhisper {
             });
             let decoder = s.spawn(|| -> Result<_> {
                 let cross_kv = {
-                    let mut b = Vec::new();
+                    let (mut w, mut b) = (Vec::new(), Vec::new());
                     for i in 0..dims.decoder_layers {
                         let p = format!("decoder/layer_{i}/attention/linear_1");
-                        let (n, k) = matrix_dims(g, ck, &cross_kv_name(i))?;
+                        let (bits, n, k) = matrix_bits(g, ck, &format!("{p}/weight"))?;
                         let bias = ck.f32(&format!("{p}/bias"))?;
                         if n != 2 * d || k != d || bias.len() != n {
                             return Err(Error::model(&ck.dir, format!("{p}: {n} x {k} with {} biases, not {} x {d}", bias.len(), 2 * d)));
                         }
+                        w.extend_from_slice(&bits);
                         b.extend_from_slice(&bias);
                     }
-                    let n = dims.decoder_layers * 2 * d;
-                    if n * d * 2 > g.info.max_storage_binding as usize {
-                        return Err(Error::Unsupported(format!("the cross K|V weights ({} MB) exceed the adapter's storage binding limit", (n * d * 2) >> 20)));
+                    if w.len() * 2 > g.info.max_storage_binding as usize {
+                        return Err(Error::Unsupported(format!("the cross K|V weights ({} MB) exceed the adapter's storage binding limit", (w.len() * 2) >> 20)));
                     }
-                    let w = match host.transposed.get(CROSS_KV) {
-                        Some(t) => F16Matrix::from_transposed(g, CROSS_KV, t, n, d)?,
-                        None => F16Matrix::from_bits(g, CROSS_KV, &cross_kv_bits(ck)?, n, d)?,
-                    };
-                    Linear { w, b: g.upload_f32("cross k|v biases", &b)? }
+                    Linear { w: F16Matrix::from_bits(g, "cross k|v weights", &w, dims.decoder_layers * 2 * d, d)?, b: g.upload_f32("cross k|v biases", &b)? }
                 };
                 let dec_layers = side_by_side(dims.decoder_layers, |i| {
                     let p = format!("decoder/layer_{i}");
                     Ok(DecoderLayer {
                         self_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
-                        qkv: dec_linear(g, ck, &format!("{p}/self_attention/linear_0"), quant, host)?,
-                        self_out: dec_linear(g, ck, &format!("{p}/self_attention/linear_1"), quant, host)?,
+                        qkv: dec_linear(g, ck, &format!("{p}/self_attention/linear_0"), quant)?,
+                        self_out: dec_linear(g, ck, &format!("{p}/self_attention/linear_1"), quant)?,
                         cross_norm: norm(g, ck, &format!("{p}/attention/layer_norm"))?,
-                        cross_q: dec_linear(g, ck, &format!("{p}/attention/linear_0"), quant, host)?,
-                        cross_out: dec_linear(g, ck, &format!("{p}/attention/linear_2"), quant, host)?,
+                        cross_q: dec_linear(g, ck, &format!("{p}/attention/linear_0"), quant)?,
+                        cross_out: dec_linear(g, ck, &format!("{p}/attention/linear_2"), quant)?,
                         ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
-                        fc1: dec_linear(g, ck, &format!("{p}/ffn/linear_0"), quant, host)?,
-                        fc2: dec_linear(g, ck, &format!("{p}/ffn/linear_1"), quant, host)?,
+                        fc1: dec_linear(g, ck, &format!("{p}/ffn/linear_0"), quant)?,
+                        fc2: dec_linear(g, ck, &format!("{p}/ffn/linear_1"), quant)?,
                         qkv_cache: g.buffer("q|k|v cache", cache)?,
                         enc_kv: enc_kv.clone(),
                         kv_off: i * dims.audio_ctx * 2 * d,
@@ -792,11 +683,11 @@ impl GpuWhisper {
                 let p = format!("encoder/layer_{i}");
                 Ok(EncoderLayer {
                     attn_norm: norm(g, ck, &format!("{p}/self_attention/layer_norm"))?,
-                    qkv: linear(g, ck, &format!("{p}/self_attention/linear_0"), host)?,
-                    attn_out: linear(g, ck, &format!("{p}/self_attention/linear_1"), host)?,
+                    qkv: linear(g, ck, &format!("{p}/self_attention/linear_0"))?,
+                    attn_out: linear(g, ck, &format!("{p}/self_attention/linear_1"))?,
                     ffn_norm: norm(g, ck, &format!("{p}/ffn/layer_norm"))?,
-                    fc1: linear(g, ck, &format!("{p}/ffn/linear_0"), host)?,
-                    fc2: linear(g, ck, &format!("{p}/ffn/linear_1"), host)?,
+                    fc1: linear(g, ck, &format!("{p}/ffn/linear_0"))?,
+                    fc2: linear(g, ck, &format!("{p}/ffn/linear_1"))?,
                 })
             })?
             .into_iter()
@@ -831,7 +722,7 @@ impl GpuWhisper {
             ts_begin: 0,
             conv1: conv1.0,
             conv1_cols: conv1.1,
-            conv2: linear(g, ck, "encoder/conv2", host)?,
+            conv2: linear(g, ck, "encoder/conv2")?,
             enc_pos: g.upload_f32("encoder positions", &ck.f32("encoder/position_encodings/encodings")?)?,
             enc_layers,
             enc_norm: norm(g, ck, "encoder/layer_norm")?,
@@ -1815,38 +1706,5 @@ mod tests {
             assert!(verify_max_setting(Some(bad)).is_err(), "{bad:?}");
         }
         assert!(checked_verify_max(MAX_VERIFY + 1).is_err());
-    }
-
-    /// What a load finds prepared is every f16 matrix it would transpose itself, under the
-    /// names it looks up, in the layout it would make (the decoder's only when it stays
-    /// f16; the joined cross K|V either way).
-    #[test]
-    fn host_weights_are_the_loads_own_transposes() {
-        use super::super::checkpoint::write_synthetic;
-        let dims = Dims { n_mels: 4, d_model: 12, n_heads: 2, encoder_layers: 2, decoder_layers: 3, ffn: 20, vocab: 30, audio_ctx: 6, text_ctx: 5 };
-        let dir = super::super::ct2::tests::temp_dir("host_weights");
-        write_synthetic(&dir, &dims, DType::F16, 11).unwrap();
-        let ck = Checkpoint::open(&dir).unwrap();
-        for (quant, want) in [(None, 1 + 4 * 2 + 6 * 3 + 1), (Some(BlockFormat::Q8_0), 1 + 4 * 2 + 1)] {
-            let host = HostWeights::prepare(&ck, quant);
-            assert_eq!(host.len(), want, "{quant:?}");
-            for (name, t) in &host.transposed {
-                let (bits, n, k) = if name == CROSS_KV {
-                    (cross_kv_bits(&ck).unwrap(), 3 * 2 * 12, 12)
-                } else {
-                    let v = ck.tensor(name).unwrap();
-                    (ck.f16_bits(name).unwrap().to_vec(), v.dims[0], v.dims[1..].iter().product())
-                };
-                for (r, row) in bits.chunks(k).enumerate() {
-                    for (c, &b) in row.iter().enumerate() {
-                        assert_eq!(t[c * n + r], b, "{name} [{r}][{c}]");
-                    }
-                }
-            }
-            // Every matrix the load transposes is among them.
-            assert!(host.transposed.contains_key("encoder/conv2/weight") && host.transposed.contains_key(CROSS_KV));
-            assert_eq!(host.transposed.contains_key("decoder/layer_2/ffn/linear_1/weight"), quant.is_none());
-        }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
