@@ -54,6 +54,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// Whether a finished command may leave without tearing its GPU device down
+/// (`VERBATIM_EXIT_DROP=1` tears it down, as a library user's drop does). Dropping the
+/// device took ~65 ms at the end of a ~280 ms warm `transcribe` of an 11 s file on the lent
+/// H100s, and leaking it only moved that into the process's exit handlers (eighteenth
+/// session); leaving through `_exit` skips the driver's part: warm runs 15 ms shorter on
+/// average (bench/RESULTS.md, 2026-12-06, nineteenth session). The rest is the kernel's,
+/// closing the device for any ending process.
+pub(crate) fn exit_fast() -> bool {
+    std::env::var("VERBATIM_EXIT_DROP").map_or(true, |v| v != "1")
+}
+
+/// Flush stdout and stderr and end the process now with `code`, without running exit
+/// handlers or destructors (the GPU driver's among them): the kernel frees the device's
+/// memory and handles as for any ending process. Only once every output is written: files
+/// are written whole with `fs::write`, and stdout is flushed here.
+pub(crate) fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    #[cfg(unix)]
+    {
+        extern "C" {
+            fn _exit(status: i32) -> !;
+        }
+        // SAFETY: _exit only ends the process; nothing of ours is left half-written.
+        unsafe { _exit(code) }
+    }
+    #[cfg(not(unix))]
+    std::process::exit(code)
+}
+
 /// The last resort behind "errors are values": should anything panic anyway, print one
 /// line instead of Rust's message and backtrace. On the main thread, then exit 1 (the
 /// default exit code of a panicking main thread is 101, which no caller expects). On

@@ -142,16 +142,23 @@ pub fn run(args: Args) -> ExitCode {
         let mut cmd = cli.find_subcommand("transcribe").cloned().unwrap_or(cli);
         cmd.error(clap::error::ErrorKind::ArgumentConflict, msg).exit();
     }
-    match transcribe_all(&args, format) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
+    // The model stays here, not in `transcribe_all`, so that it outlives the output.
+    let mut transcriber = None;
+    let ok = match transcribe_all(&args, format, &mut transcriber) {
+        Ok(ok) => ok,
         // Output went to a closed pipe (`| head`): nobody is left to tell.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::FAILURE,
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => false,
         Err(e) => {
             eprintln!("verbatim: cannot write the output: {e}");
-            ExitCode::FAILURE
+            false
         }
+    };
+    if transcriber.is_some() && crate::exit_fast() {
+        // Every document is written and stdout flushed: the driver's teardown of the
+        // device would only delay the exit (see `exit_fast`).
+        crate::exit_now(if ok { 0 } else { 1 });
     }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// Combinations clap cannot check by itself.
@@ -181,7 +188,7 @@ fn output_name(input: &Path, format: Format) -> String {
 }
 
 /// Returns Ok(true) when every file succeeded; Err only for a failed write to stdout.
-fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
+fn transcribe_all(args: &Args, format: Format, transcriber: &mut Option<Transcriber>) -> io::Result<bool> {
     // Check every file can be opened before the (slow) model load and the (large) first
     // download: a mistyped name should fail in milliseconds.
     let readable: Vec<Result<(), String>> = args.files.iter().map(|f| check_readable(f)).collect();
@@ -199,7 +206,7 @@ fn transcribe_all(args: &Args, format: Format) -> io::Result<bool> {
                 }
             }
         });
-        transcribe_read(args, format, readable, &rx)
+        transcribe_read(args, format, readable, &rx, transcriber)
     })
 }
 
@@ -209,11 +216,11 @@ fn transcribe_read(
     format: Format,
     readable: Vec<Result<(), String>>,
     audio: &mpsc::Receiver<Result<FileAudio, String>>,
+    transcriber: &mut Option<Transcriber>,
 ) -> io::Result<bool> {
-    let mut transcriber = None;
     if readable.iter().any(Result::is_ok) {
         match load(args) {
-            Ok(t) => transcriber = Some(t),
+            Ok(t) => *transcriber = Some(t),
             Err(msg) => {
                 // No model or no GPU: every file would fail the same way. Say it once.
                 eprintln!("verbatim: {msg}");

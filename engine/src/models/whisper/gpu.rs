@@ -1499,11 +1499,11 @@ impl GpuWhisper {
             return Err(Error::Invalid("the draft's checkpoint is not this model's".into()));
         }
         let g = &*self.gpu;
-        let mut dl = Vec::with_capacity(layers);
-        for i in 0..layers {
+        // The layers quantized and uploaded side by side, as a load's are.
+        let dl = side_by_side(layers, |i| {
             let p = format!("decoder/layer_{i}");
             let q = |name: &str| qmatrix(g, ck, &format!("{p}/{name}/weight"), format);
-            dl.push(DraftLayer {
+            Ok(DraftLayer {
                 qkv: q("self_attention/linear_0")?,
                 self_out: q("self_attention/linear_1")?,
                 cross_q: q("attention/linear_0")?,
@@ -1511,8 +1511,10 @@ impl GpuWhisper {
                 fc1: q("ffn/linear_0")?,
                 fc2: q("ffn/linear_1")?,
                 qkv_cache: g.buffer("draft q|k|v cache", (dims.text_ctx * 3 * dims.d_model * 4) as u64)?,
-            });
-        }
+            })
+        })?
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
         self.draft = Some(DraftModel {
             format,
             layers: dl,
