@@ -44,9 +44,39 @@ pub(crate) fn side_by_side<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> 
     Ok(all.into_iter().map(|(_, t)| t).collect())
 }
 
+/// `f(i, piece)` for every piece of `data` cut into pieces of `len` (the last may be
+/// shorter), on up to [`threads`] threads, each taking the next piece as it finishes one:
+/// a long file's samples are converted and mixed down so, each value computed as one
+/// thread would.
+pub(crate) fn pieces_side_by_side<T: Send>(data: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) -> Result<()> {
+    let len = len.max(1);
+    let n = data.len().div_ceil(len);
+    if n <= 1 {
+        if n == 1 {
+            f(0, data);
+        }
+        return Ok(());
+    }
+    let pieces = std::sync::Mutex::new(data.chunks_mut(len).enumerate());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads().min(n))
+            .map(|_| {
+                s.spawn(|| loop {
+                    let next = pieces.lock().unwrap_or_else(|p| p.into_inner()).next();
+                    match next {
+                        Some((i, piece)) => f(i, piece),
+                        None => break,
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| h.join().map_err(|_| Error::Gpu("a worker thread panicked".into())))
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{side_by_side, workers};
+    use super::{pieces_side_by_side, side_by_side, workers};
     use crate::Error;
 
     /// Every index once, the results in index order whichever thread finished first; a
@@ -73,6 +103,27 @@ mod tests {
             }
             i
         });
+        assert!(matches!(r, Err(Error::Gpu(ref m)) if m.contains("panicked")), "{r:?}");
+    }
+
+    /// Every piece once, with its index and its own elements (the last shorter); a
+    /// panicking piece fails the whole.
+    #[test]
+    fn pieces_side_by_side_visit_each_piece_once_with_its_index() {
+        let mut v = vec![0usize; 1003];
+        pieces_side_by_side(&mut v, 100, |i, p| {
+            assert!(p.len() == 100 || (i == 10 && p.len() == 3), "piece {i} of {}", p.len());
+            for (j, x) in p.iter_mut().enumerate() {
+                *x += i * 100 + j + 1;
+            }
+        })
+        .unwrap();
+        assert_eq!(v, (1..=1003).collect::<Vec<_>>());
+        let mut one = vec![7u8; 5];
+        pieces_side_by_side(&mut one, 100, |i, p| p.fill(i as u8)).unwrap();
+        assert_eq!(one, vec![0u8; 5]);
+        pieces_side_by_side(&mut Vec::<u8>::new(), 4, |_, _| panic!("no piece in an empty slice")).unwrap();
+        let r = pieces_side_by_side(&mut vec![0u8; 64], 8, |i, _| assert!(i != 5, "piece 5 fails"));
         assert!(matches!(r, Err(Error::Gpu(ref m)) if m.contains("panicked")), "{r:?}");
     }
 
