@@ -95,18 +95,19 @@ impl Audio {
 /// long recording costs only its f32 samples.
 pub fn decode_wav_file(path: &Path) -> Result<Audio> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_or(0, |m| m.len() as usize);
     let mut reader = BufReader::with_capacity(1 << 16, file);
     // Peek at the first bytes (without consuming them) so that errors can say what the
     // file is instead of "no RIFF tag found".
     let head = reader.fill_buf().map_err(|e| Error::io(path, e))?;
     let head = head[..head.len().min(HEAD_LEN)].to_vec();
-    decode_reader(reader, &head, path)
+    decode_source(reader, &head, path, len)
 }
 
 /// Decode a WAV held in memory; `name_for_errors` only labels the errors.
 pub fn decode_wav_bytes(bytes: &[u8], name_for_errors: &Path) -> Result<Audio> {
     let head = &bytes[..bytes.len().min(HEAD_LEN)];
-    decode_reader(Cursor::new(bytes), head, name_for_errors)
+    decode_source(Cursor::new(bytes), head, name_for_errors, bytes.len())
 }
 
 /// How much of the file start we keep for error messages: RIFF header + a plain fmt chunk.
@@ -134,7 +135,14 @@ impl<R: Read> Read for EofWatch<R> {
     }
 }
 
+#[cfg(test)]
 fn decode_reader<R: Read>(reader: R, head: &[u8], path: &Path) -> Result<Audio> {
+    decode_source(reader, head, path, 0)
+}
+
+/// [`decode_reader`] of a source `len` bytes long (0: unknown): a data chunk that fits in
+/// it is allocated whole up front, not grown as it is read.
+fn decode_source<R: Read>(reader: R, head: &[u8], path: &Path, len: usize) -> Result<Audio> {
     if head.is_empty() {
         return Err(Error::audio(path, "the file is empty"));
     }
@@ -151,9 +159,11 @@ fn decode_reader<R: Read>(reader: R, head: &[u8], path: &Path) -> Result<Audio> 
     if total == 0 {
         return Err(Error::audio(path, "it contains no audio (its data chunk is empty)"));
     }
+    let bytes = total.saturating_mul(spec.bits_per_sample.div_ceil(8) as usize);
     let ctx = ReadCtx {
         path,
         total,
+        prealloc: if bytes <= len { total } else { total.min(MAX_PREALLOC) },
         channels,
         rate: spec.sample_rate,
         bits: spec.bits_per_sample,
@@ -182,8 +192,8 @@ fn decode_reader<R: Read>(reader: R, head: &[u8], path: &Path) -> Result<Audio> 
         }
     };
     // NaN/inf in a float file would poison the whole log-mel (its global max) and give a
-    // silently wrong transcript: refuse the file instead.
-    if let Some(i) = samples.iter().position(|s| !s.is_finite()) {
+    // silently wrong transcript: refuse the file instead. (Integers are always finite.)
+    if let Some(i) = samples.iter().position(|s| !s.is_finite()).filter(|_| spec.sample_format == SampleFormat::Float) {
         let at = (i / channels as usize) as f64 / spec.sample_rate as f64;
         return Err(Error::audio(
             path,
@@ -199,6 +209,8 @@ fn decode_reader<R: Read>(reader: R, head: &[u8], path: &Path) -> Result<Audio> 
 struct ReadCtx<'a> {
     path: &'a Path,
     total: usize,
+    /// Samples to allocate up front: all of them where the source is known to hold them.
+    prealloc: usize,
     channels: u16,
     rate: u32,
     bits: u16,
@@ -210,7 +222,7 @@ fn read_all<R: Read, S: hound::Sample>(
     ctx: &ReadCtx,
     conv: impl Fn(S) -> f32,
 ) -> Result<Vec<f32>> {
-    let mut out = Vec::with_capacity(ctx.total.min(MAX_PREALLOC));
+    let mut out = Vec::with_capacity(ctx.prealloc);
     for s in wav.into_samples::<S>() {
         match s {
             Ok(v) => out.push(conv(v)),
@@ -234,7 +246,7 @@ const READ_BLOCK: usize = 1 << 24;
 /// parser leaves it), each sample scaled by 1/32768, read in blocks of up to 16 MiB and
 /// converted on several threads when a block is long.
 fn read_i16<R: Read>(mut reader: R, ctx: &ReadCtx) -> Result<Vec<f32>> {
-    let mut out: Vec<f32> = Vec::with_capacity(ctx.total.min(MAX_PREALLOC));
+    let mut out: Vec<f32> = Vec::with_capacity(ctx.prealloc);
     let mut left = ctx.total * 2;
     let mut buf = vec![0u8; left.min(READ_BLOCK)];
     let mut have = 0; // bytes in `buf` not converted yet (an odd byte across reads)
@@ -654,6 +666,8 @@ mod tests {
         assert_eq!((a.channels, a.frames()), (2, frames));
         let want: Vec<f32> = ints.iter().map(|&i| i as f32 / 32768.0).collect();
         assert!(a.samples == want, "16-bit samples of a long file differ");
+        // The source holds every sample its header claims: allocated once, not grown.
+        assert_eq!(a.samples.capacity(), a.samples.len());
         let mono = a.to_mono();
         let want: Vec<f32> = want.chunks_exact(2).map(|f| f.iter().sum::<f32>() * 0.5).collect();
         assert_eq!(mono.len(), frames);
