@@ -49,29 +49,10 @@ pub(crate) fn side_by_side<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> 
 /// a long file's samples are converted and mixed down so, each value computed as one
 /// thread would.
 pub(crate) fn pieces_side_by_side<T: Send>(data: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) -> Result<()> {
-    let len = len.max(1);
-    let n = data.len().div_ceil(len);
-    if n <= 1 {
-        if n == 1 {
-            f(0, data);
-        }
-        return Ok(());
-    }
-    let pieces = std::sync::Mutex::new(data.chunks_mut(len).enumerate());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads().min(n))
-            .map(|_| {
-                s.spawn(|| loop {
-                    let next = pieces.lock().unwrap_or_else(|p| p.into_inner()).next();
-                    match next {
-                        Some((i, piece)) => f(i, piece),
-                        None => break,
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().try_for_each(|h| h.join().map_err(|_| Error::Gpu("a worker thread panicked".into())))
-    })
+    // Each piece behind a lock of its own, taken once by the worker its index goes to.
+    let pieces: Vec<std::sync::Mutex<&mut [T]>> = data.chunks_mut(len.max(1)).map(std::sync::Mutex::new).collect();
+    side_by_side(pieces.len(), |i| f(i, &mut pieces[i].lock().unwrap_or_else(|p| p.into_inner())))?;
+    Ok(())
 }
 
 #[cfg(test)]
