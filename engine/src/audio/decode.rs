@@ -58,23 +58,14 @@ impl Audio {
                 let inv = 1.0 / ch as f32;
                 // A trailing partial frame, which only a hand-built `Audio` can have (the
                 // decoder never produces one), is dropped.
-                let frames = self.samples.len() / ch;
-                let mix = |f: &[f32]| f.iter().sum::<f32>() * inv;
-                if frames < PARALLEL_MIN {
-                    return self.samples.chunks_exact(ch).map(mix).collect();
-                }
-                // Long files on every core, each frame summed as above.
-                let mut out = vec![0f32; frames];
-                let mixed = crate::threads::pieces_side_by_side(&mut out, PIECE, |i, piece| {
+                let mut out = vec![0f32; self.samples.len() / ch];
+                by_pieces(&mut out, |i, piece| {
                     let src = &self.samples[i * PIECE * ch..(i * PIECE + piece.len()) * ch];
                     for (o, f) in piece.iter_mut().zip(src.chunks_exact(ch)) {
-                        *o = mix(f);
+                        *o = f.iter().sum::<f32>() * inv;
                     }
                 });
-                match mixed {
-                    Ok(()) => out,
-                    Err(_) => self.samples.chunks_exact(ch).map(mix).collect(),
-                }
+                out
             }
         }
     }
@@ -239,6 +230,15 @@ fn read_all<R: Read, S: hound::Sample>(
 const PARALLEL_MIN: usize = 1 << 20;
 const PIECE: usize = 1 << 16;
 
+/// `f(i, piece)` over `out` cut into pieces of `PIECE` (piece i starts at value i·PIECE):
+/// side by side from `PARALLEL_MIN` values on, else (or should a worker fail) as one piece
+/// here. `f` computes each value alone, so the values are the same either way.
+fn by_pieces(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() < PARALLEL_MIN || crate::threads::pieces_side_by_side(out, PIECE, &f).is_err() {
+        f(0, out);
+    }
+}
+
 /// Bytes read at a time from a 16-bit data chunk (at most: a file's own length first).
 const READ_BLOCK: usize = 1 << 24;
 
@@ -280,9 +280,7 @@ fn read_i16<R: Read>(mut reader: R, ctx: &ReadCtx) -> Result<Vec<f32>> {
                 *o = i16::from_le_bytes([b[0], b[1]]) as f32 / 32768.0;
             }
         };
-        if whole / 2 < PARALLEL_MIN || crate::threads::pieces_side_by_side(&mut out[start..], PIECE, convert).is_err() {
-            convert(0, &mut out[start..]);
-        }
+        by_pieces(&mut out[start..], convert);
         buf.copy_within(whole..have, 0);
         have -= whole;
         if let Some(e) = failed {
