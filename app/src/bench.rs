@@ -286,23 +286,34 @@ fn bench(args: &Args) -> Result<(), String> {
         }
         Ok(())
     };
-    // The encoder as shipped (submitted in parts, if on) and recorded whole before one
-    // submission, alternated in one process (the host's speed varies between processes).
-    let parts = model.encoder_parts;
-    let (mut enc, mut enc_whole) = (Vec::new(), Vec::new());
-    for b in 0..batches {
-        for whole in [b % 2 == 1, b % 2 == 0] {
-            model.encoder_parts = parts && !whole;
+    // The encoder as shipped (replayed from the second window where the device allows it,
+    // else submitted in parts, if on), submitted in parts through wgpu, and recorded whole
+    // before one submission, alternated in one process (the host's speed varies between
+    // processes). Each mode's first window is not timed (a replay's program is built then).
+    let (parts, replay) = (model.encoder_parts, model.encoder_replay);
+    let replays = replay && gpu.replay_available();
+    let (mut enc, mut enc_whole, mut enc_wgpu) = (Vec::new(), Vec::new(), Vec::new());
+    for b in 0..=batches {
+        for mode in 0..3 {
+            let mode = (mode + b) % 3; // 0 shipped, 1 whole, 2 parts through wgpu
+            if mode == 2 && !replays {
+                continue;
+            }
+            model.encoder_parts = parts && mode != 1;
+            model.encoder_replay = replay && mode == 0;
             let t = Instant::now();
             let reps = 3;
             for _ in 0..reps {
                 model.begin_window(&mel).map_err(err)?;
             }
             let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
-            if whole { enc_whole.push(ms) } else { enc.push(ms) }
+            if b > 0 {
+                [&mut enc, &mut enc_whole, &mut enc_wgpu][mode].push(ms);
+            }
         }
     }
     model.encoder_parts = parts;
+    model.encoder_replay = replay;
 
     // Prefill (4 and 64 positions from 0) and forced decode steps.
     let steps = args.steps.min(dims.text_ctx - 4);
@@ -649,10 +660,15 @@ fn bench(args: &Args) -> Result<(), String> {
         println!("| GPU warm-up again before {what}, ms | {:.0} | | {} |", w.elapsed_ms, w.describe("window"));
     }
     let e = stat(&enc);
-    let how = if parts { "submitted in parts (after each convolution and the first layer)" } else { "one submission (VERBATIM_ENCODER_EARLY=0)" };
+    let how_wgpu = if parts { "submitted in parts (after each convolution and the first layer)" } else { "one submission (VERBATIM_ENCODER_EARLY=0)" };
+    let how = if replays { "replayed (a raw Vulkan command buffer built once, the mel and parameters uploaded by a prologue)" } else { how_wgpu };
     println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, {how} + wait |", e.min, e.spread);
+    if replays {
+        let ep = stat(&enc_wgpu);
+        println!("| encoder through wgpu, {how_wgpu}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it |", ep.min, ep.spread);
+    }
     let ew = stat(&enc_whole);
-    println!("| encoder recorded whole before one submission, ms | {:.3} | {:.2} | the same windows, alternated with the row above |", ew.min, ew.spread);
+    println!("| encoder recorded whole before one submission, ms | {:.3} | {:.2} | the same windows, alternated with the rows above |", ew.min, ew.spread);
     let p4 = stat(&pre4);
     let p64 = stat(&pre64);
     println!("| prefill 4 positions, ms/token | {:.3} | {:.2} | |", p4.min, p4.spread);

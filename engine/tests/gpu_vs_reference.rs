@@ -462,6 +462,41 @@ fn encoder_matches_reference_head_dim_10() {
     encoder_matches(GEOM_B, "encoder-B");
 }
 
+/// The encoder replayed (from a model's second window on) writes what it writes through
+/// wgpu, bit for bit, over each window's own mel: windows alternate, so a replay that
+/// missed its prologue's mel would encode the window before. One program, built once.
+#[test]
+fn encoder_replayed_equals_encoder_through_wgpu() {
+    let tag = "encoder-replay";
+    let s = seed(tag);
+    let mut rng = StdRng::seed_from_u64(s);
+    // A device of its own: replays need one the engine opened (lavapipe is enough).
+    let own = Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)"));
+    let geom = GEOM_A;
+    let mut p = pair_on(own, geom, s, tag);
+    let mels: Vec<Vec<f32>> = (0..2).map(|_| random_mel(&geom.dims, &mut rng)).collect();
+    let g = &mut p.gpu;
+    g.encoder_replay = false;
+    let through: Vec<Vec<f32>> = mels
+        .iter()
+        .map(|m| {
+            g.begin_window(m).unwrap();
+            g.encoder_output().unwrap()
+        })
+        .collect();
+    assert_ne!(through[0], through[1], "two windows' encodings");
+    g.encoder_replay = true;
+    let programs = g.gpu().replay_programs();
+    for round in 0..2 {
+        for (i, m) in mels.iter().enumerate() {
+            g.begin_window(m).unwrap();
+            assert!(g.encoder_output().unwrap() == through[i], "round {round}, window {i}: the replayed encoder differs from wgpu's");
+        }
+    }
+    let built = g.gpu().replay_programs() - programs;
+    assert_eq!(built, if g.gpu().replay_available() { 1 } else { 0 }, "one encoder program, built once");
+}
+
 // ---- 2. Decoder: prefill and steps -----------------------------------------------------
 
 /// Per window: a prefill, then single steps through every rule set, up to the last
@@ -667,7 +702,7 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
         // One program per pass length (their grids differ) and one for the prompt, built
         // once however often they ran.
         let built = g.gpu().replay_programs() - programs;
-        assert_eq!(built, if replays { 6 } else { 0 }, "replay programs built for 5 pass lengths and the prompt");
+        assert_eq!(built, if replays { 7 } else { 0 }, "replay programs built for 5 pass lengths, the prompt and the encoder");
         // Every draft kept, then single steps: through wgpu, the first one runs the step the
         // model encoded while the pass ran (for the position after the pass); replayed,
         // each step is recorded when it comes.

@@ -370,6 +370,14 @@ pub struct GpuWhisper {
     /// Whether the encoder goes to the GPU in parts (`encode`): on unless
     /// `VERBATIM_ENCODER_EARLY=0`; `verbatim bench` times it both ways.
     pub encoder_parts: bool,
+    /// Whether the encoder is replayed (`Recorder::replay`, the mel in the replay's
+    /// prologue) from a model's second window on, where the device allows it: on unless
+    /// `VERBATIM_ENCODER_REPLAY=0`; `verbatim bench` times it against the rows above. Not
+    /// the first window: its program is built on that replay's first use (the kernels'
+    /// raw pipelines compiled), which a file of one window would pay for nothing.
+    pub encoder_replay: bool,
+    /// Windows encoded so far (`encoder_replay` waits for the second).
+    windows_encoded: u64,
     /// Whether a step encoded ahead survives a rollback, to be moved to the new position
     /// by its parameters (`retarget_step`): on unless `VERBATIM_RETARGET=0`; `verbatim
     /// bench` times the step after a rollback both ways.
@@ -773,6 +781,8 @@ impl GpuWhisper {
                 .map(|v| v.into_iter().filter(|&c| c > 0).collect())
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             encoder_parts: std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"),
+            encoder_replay: std::env::var("VERBATIM_ENCODER_REPLAY").map_or(true, |v| v != "0"),
+            windows_encoded: 0,
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             batch_encoded_first: false,
             replay: true,
@@ -802,13 +812,23 @@ impl GpuWhisper {
     /// a window against 9.59-9.63 recorded whole; tiny.en within the noise (1.50 / 1.51 /
     /// 1.54 against 1.49 / 1.52 / 1.59): its recording is short, and each submission costs
     /// the host and the GPU a little. `encoder_parts` (`VERBATIM_ENCODER_EARLY=0`: off)
-    /// records it whole before one submission, as before 2026-12-05.
+    /// records it whole before one submission, as before 2026-12-05. From the second window
+    /// on (`encoder_replay`) the whole recording is replayed instead where the device
+    /// allows it: the host records without encoding and uploads the mel and the parameters
+    /// in the replay's prologue (to be timed on a device: `verbatim bench` alternates the
+    /// three).
     fn encode(&mut self, mel: &[f32]) -> Result<()> {
         let d = self.dims.d_model as u32;
         let a = self.dims.audio_ctx as u32;
         let frames = 2 * a;
         let g = self.gpu.clone();
-        g.write(&self.mel, 0, bytemuck::cast_slice(mel));
+        // Replayed, the mel goes with the replay's prologue (a queued write would land only
+        // with wgpu's next submission) and the recording is whole (nothing submitted early).
+        let replaying = self.encoder_replay && self.windows_encoded > 0 && self.replaying();
+        self.windows_encoded += 1;
+        if !replaying {
+            g.write(&self.mel, 0, bytemuck::cast_slice(mel));
+        }
         let k = &self.kern;
         let mut rec = g.recorder_cached(&mut self.enc_cache);
         rec.stage("encoder");
@@ -816,7 +836,7 @@ impl GpuWhisper {
         // conv1 reads the mel channel-major [n_mels][frames] and writes time-major [frames][d].
         rec.stage("encoder conv1");
         k.conv_k3_cols(&mut rec, &self.mel, frames, frames, 1, 1, &self.conv1.w, self.conv1_cols, &self.conv1.b, &self.enc_h, gelu)?;
-        let early = self.encoder_parts;
+        let early = self.encoder_parts && !replaying;
         if early {
             rec.flush()?;
         }
@@ -930,6 +950,13 @@ impl GpuWhisper {
             k.layer_norm(&mut rec, &self.enc_x, 0, a, d, &self.enc_norm.gamma, &self.enc_norm.beta, &self.enc_xn, 0, LN_EPS)?;
             rec.stage("cross k|v");
             k.linear_segments(&mut rec, Some(Rows::new(&self.enc_xn, du)), a, &self.cross_kv.w, Some(&self.cross_kv.b), &self.enc_kv, seg)?;
+        }
+        if replaying {
+            return match rec.replay(&[(&self.mel, 0, bytemuck::cast_slice(mel))], Some(&mut self.profile))? {
+                Some(ticket) => self.gpu.replay_wait(ticket),
+                // The program's first use: built, and this window went through wgpu.
+                None => self.gpu.wait(),
+            };
         }
         rec.submit(Some(&mut self.profile))?;
         self.gpu.wait()
