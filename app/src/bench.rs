@@ -290,17 +290,19 @@ fn bench(args: &Args) -> Result<(), String> {
     // else submitted in parts, if on), submitted in parts through wgpu, and recorded whole
     // before one submission, alternated in one process (the host's speed varies between
     // processes). Each mode's first window is not timed (a replay's program is built then).
-    let (parts, replay) = (model.encoder_parts, model.encoder_replay);
+    let (parts, replay, mel_prologue) = (model.encoder_parts, model.encoder_replay, model.encoder_mel_prologue);
     let replays = replay && gpu.replay_available();
-    let (mut enc, mut enc_whole, mut enc_wgpu) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut enc, mut enc_whole, mut enc_wgpu, mut enc_mel) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for b in 0..=batches {
-        for mode in 0..3 {
-            let mode = (mode + b) % 3; // 0 shipped, 1 whole, 2 parts through wgpu
-            if mode == 2 && !replays {
+        for mode in 0..4 {
+            // 0 shipped, 1 whole, 2 parts through wgpu, 3 replayed with the mel the other way
+            let mode = (mode + b) % 4;
+            if mode >= 2 && !replays {
                 continue;
             }
             model.encoder_parts = parts && mode != 1;
-            model.encoder_replay = replay && mode == 0;
+            model.encoder_replay = replay && (mode == 0 || mode == 3);
+            model.encoder_mel_prologue = mel_prologue != (mode == 3);
             let t = Instant::now();
             let reps = 3;
             for _ in 0..reps {
@@ -308,12 +310,13 @@ fn bench(args: &Args) -> Result<(), String> {
             }
             let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
             if b > 0 {
-                [&mut enc, &mut enc_whole, &mut enc_wgpu][mode].push(ms);
+                [&mut enc, &mut enc_whole, &mut enc_wgpu, &mut enc_mel][mode].push(ms);
             }
         }
     }
     model.encoder_parts = parts;
     model.encoder_replay = replay;
+    model.encoder_mel_prologue = mel_prologue;
 
     // Prefill (4 and 64 positions from 0) and forced decode steps.
     let steps = args.steps.min(dims.text_ctx - 4);
@@ -661,11 +664,18 @@ fn bench(args: &Args) -> Result<(), String> {
     }
     let e = stat(&enc);
     let how_wgpu = if parts { "submitted in parts (after each convolution and the first layer)" } else { "one submission (VERBATIM_ENCODER_EARLY=0)" };
-    let how = if replays { "replayed (a raw Vulkan command buffer built once, the mel and parameters uploaded by a prologue)" } else { how_wgpu };
+    let how = match (replays, mel_prologue) {
+        (true, true) => "replayed (a raw Vulkan command buffer built once, the mel and parameters uploaded by a prologue)",
+        (true, false) => "replayed (a raw Vulkan command buffer built once, parameters uploaded by a prologue, the mel through wgpu)",
+        (false, _) => how_wgpu,
+    };
     println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, {how} + wait |", e.min, e.spread);
     if replays {
         let ep = stat(&enc_wgpu);
         println!("| encoder through wgpu, {how_wgpu}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it |", ep.min, ep.spread);
+        let em = stat(&enc_mel);
+        let other = if mel_prologue { "through wgpu's staging and an empty submission" } else { "in the replay's prologue" };
+        println!("| encoder replayed, the mel {other}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it |", em.min, em.spread);
     }
     let ew = stat(&enc_whole);
     println!("| encoder recorded whole before one submission, ms | {:.3} | {:.2} | the same windows, alternated with the rows above |", ew.min, ew.spread);

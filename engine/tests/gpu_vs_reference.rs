@@ -464,7 +464,8 @@ fn encoder_matches_reference_head_dim_10() {
 
 /// The encoder replayed (from a model's second window on) writes what it writes through
 /// wgpu, bit for bit, over each window's own mel: windows alternate, so a replay that
-/// missed its prologue's mel would encode the window before. One program, built once.
+/// missed its mel (in its prologue or queued through wgpu) would encode the window before.
+/// One program, built once.
 #[test]
 fn encoder_replayed_equals_encoder_through_wgpu() {
     let tag = "encoder-replay";
@@ -487,10 +488,15 @@ fn encoder_replayed_equals_encoder_through_wgpu() {
     assert_ne!(through[0], through[1], "two windows' encodings");
     g.encoder_replay = true;
     let programs = g.gpu().replay_programs();
-    for round in 0..2 {
+    // The mel in the replay's prologue, then through wgpu's staging before the replay.
+    for (round, prologue) in [true, true, false, false].into_iter().enumerate() {
+        g.encoder_mel_prologue = prologue;
         for (i, m) in mels.iter().enumerate() {
             g.begin_window(m).unwrap();
-            assert!(g.encoder_output().unwrap() == through[i], "round {round}, window {i}: the replayed encoder differs from wgpu's");
+            assert!(
+                g.encoder_output().unwrap() == through[i],
+                "round {round} (mel in the prologue: {prologue}), window {i}: the replayed encoder differs from wgpu's"
+            );
         }
     }
     let built = g.gpu().replay_programs() - programs;

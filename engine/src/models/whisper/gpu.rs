@@ -376,6 +376,10 @@ pub struct GpuWhisper {
     /// the first window: its program is built on that replay's first use (the kernels'
     /// raw pipelines compiled), which a file of one window would pay for nothing.
     pub encoder_replay: bool,
+    /// Where a replayed encoder's mel goes up: in the replay's prologue (`vkCmdUpdateBuffer`
+    /// in 64 KiB pieces, the default) or, `VERBATIM_ENCODER_MEL=wgpu`, through wgpu's
+    /// staging and an empty submission before the replay (`verbatim bench` times both).
+    pub encoder_mel_prologue: bool,
     /// Windows encoded so far (`encoder_replay` waits for the second).
     windows_encoded: u64,
     /// Whether a step encoded ahead survives a rollback, to be moved to the new position
@@ -782,6 +786,7 @@ impl GpuWhisper {
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             encoder_parts: std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"),
             encoder_replay: std::env::var("VERBATIM_ENCODER_REPLAY").map_or(true, |v| v != "0"),
+            encoder_mel_prologue: std::env::var("VERBATIM_ENCODER_MEL").map_or(true, |v| v != "wgpu"),
             windows_encoded: 0,
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             batch_encoded_first: false,
@@ -826,8 +831,13 @@ impl GpuWhisper {
         // with wgpu's next submission) and the recording is whole (nothing submitted early).
         let replaying = self.encoder_replay && self.windows_encoded > 0 && self.replaying();
         self.windows_encoded += 1;
-        if !replaying {
+        let mel_prologue = replaying && self.encoder_mel_prologue;
+        if !mel_prologue {
             g.write(&self.mel, 0, bytemuck::cast_slice(mel));
+            if replaying {
+                // The queued write lands with wgpu's next submission, before the replay's.
+                g.queue.submit([]);
+            }
         }
         let k = &self.kern;
         let mut rec = g.recorder_cached(&mut self.enc_cache);
@@ -952,7 +962,9 @@ impl GpuWhisper {
             k.linear_segments(&mut rec, Some(Rows::new(&self.enc_xn, du)), a, &self.cross_kv.w, Some(&self.cross_kv.b), &self.enc_kv, seg)?;
         }
         if replaying {
-            return match rec.replay(&[(&self.mel, 0, bytemuck::cast_slice(mel))], Some(&mut self.profile))? {
+            let mel_write = [(&self.mel, 0, bytemuck::cast_slice::<f32, u8>(mel))];
+            let writes: &[(&wgpu::Buffer, u64, &[u8])] = if mel_prologue { &mel_write } else { &[] };
+            return match rec.replay(writes, Some(&mut self.profile))? {
                 Some(ticket) => self.gpu.replay_wait(ticket),
                 // The program's first use: built, and this window went through wgpu.
                 None => self.gpu.wait(),
