@@ -293,6 +293,8 @@ fn bench(args: &Args) -> Result<(), String> {
     let (parts, replay, mel_prologue) = (model.encoder_parts, model.encoder_replay, model.encoder_mel_prologue);
     let replays = replay && gpu.replay_available();
     let (mut enc, mut enc_whole, mut enc_wgpu, mut enc_mel) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // The host's split of each mode's fastest batch: mel upload, recording + submission, wait.
+    let mut enc_split = [(f64::INFINITY, (0.0, 0.0, 0.0)); 4];
     for b in 0..=batches {
         for mode in 0..4 {
             // 0 shipped, 1 whole, 2 parts through wgpu, 3 replayed with the mel the other way
@@ -303,6 +305,7 @@ fn bench(args: &Args) -> Result<(), String> {
             model.encoder_parts = parts && mode != 1;
             model.encoder_replay = replay && (mode == 0 || mode == 3);
             model.encoder_mel_prologue = mel_prologue != (mode == 3);
+            model.encoder_host = (0.0, 0.0, 0.0, 0);
             let t = Instant::now();
             let reps = 3;
             for _ in 0..reps {
@@ -311,6 +314,11 @@ fn bench(args: &Args) -> Result<(), String> {
             let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
             if b > 0 {
                 [&mut enc, &mut enc_whole, &mut enc_wgpu, &mut enc_mel][mode].push(ms);
+                let (m, r, w, n) = model.encoder_host;
+                let per = |x: f64| x * 1e3 / n.max(1) as f64;
+                if ms < enc_split[mode].0 {
+                    enc_split[mode] = (ms, (per(m), per(r), per(w)));
+                }
             }
         }
     }
@@ -669,16 +677,20 @@ fn bench(args: &Args) -> Result<(), String> {
         (true, false) => "replayed (a raw Vulkan command buffer built once, parameters uploaded by a prologue, the mel through wgpu)",
         (false, _) => how_wgpu,
     };
-    println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, {how} + wait |", e.min, e.spread);
+    let split = |mode: usize| {
+        let (m, r, w) = enc_split[mode].1;
+        format!("host: mel upload {m:.3}, records and submits {r:.3}, waits {w:.3}")
+    };
+    println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, {how} + wait; {} |", e.min, e.spread, split(0));
     if replays {
         let ep = stat(&enc_wgpu);
-        println!("| encoder through wgpu, {how_wgpu}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it |", ep.min, ep.spread);
+        println!("| encoder through wgpu, {how_wgpu}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it; {} |", ep.min, ep.spread, split(2));
         let em = stat(&enc_mel);
-        let other = if mel_prologue { "through wgpu's staging and an empty submission" } else { "in the replay's prologue" };
-        println!("| encoder replayed, the mel {other}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it |", em.min, em.spread);
+        let other = if mel_prologue { "through wgpu's staging and an empty submission" } else { "in the replay's prologue (vkCmdUpdateBuffer)" };
+        println!("| encoder replayed, the mel {other}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it; {} |", em.min, em.spread, split(3));
     }
     let ew = stat(&enc_whole);
-    println!("| encoder recorded whole before one submission, ms | {:.3} | {:.2} | the same windows, alternated with the rows above |", ew.min, ew.spread);
+    println!("| encoder recorded whole before one submission, ms | {:.3} | {:.2} | the same windows, alternated with the rows above; {} |", ew.min, ew.spread, split(1));
     let p4 = stat(&pre4);
     let p64 = stat(&pre64);
     println!("| prefill 4 positions, ms/token | {:.3} | {:.2} | |", p4.min, p4.spread);

@@ -361,6 +361,10 @@ pub struct GpuWhisper {
     /// Host-side split of `advance`: seconds recording + submitting, seconds waiting for
     /// the GPU and the readback, and the number of calls (for `verbatim bench`).
     pub host_times: (f64, f64, u64),
+    /// The host's seconds in `encode` summed over windows: the mel's upload (queued, or
+    /// nothing where it goes in a replay's prologue), recording and submission, the wait;
+    /// and the windows counted (`verbatim bench` prints them per window).
+    pub encoder_host: (f64, f64, f64, u64),
     /// A verify pass (and a step not encoded ahead) submits what it has recorded when its
     /// dispatch count reaches each of these, so the GPU runs the first layers while the host
     /// records the rest; empty: the whole pass recorded before one submission.
@@ -376,9 +380,10 @@ pub struct GpuWhisper {
     /// the first window: its program is built on that replay's first use (the kernels'
     /// raw pipelines compiled), which a file of one window would pay for nothing.
     pub encoder_replay: bool,
-    /// Where a replayed encoder's mel goes up: in the replay's prologue (`vkCmdUpdateBuffer`
-    /// in 64 KiB pieces, the default) or, `VERBATIM_ENCODER_MEL=wgpu`, through wgpu's
-    /// staging and an empty submission before the replay (`verbatim bench` times both).
+    /// Where a replayed encoder's mel goes up: through wgpu's staging and an empty
+    /// submission before the replay (the default), or in the replay's prologue
+    /// (`VERBATIM_ENCODER_MEL=prologue`: `vkCmdUpdateBuffer` in 64 KiB pieces, which cost
+    /// the H100 ~0.2 ms more a tiny.en window for its 960 KB; `verbatim bench` times both).
     pub encoder_mel_prologue: bool,
     /// Windows encoded so far (`encoder_replay` waits for the second).
     windows_encoded: u64,
@@ -779,6 +784,7 @@ impl GpuWhisper {
             window_ready: false,
             profile: Profile::default(),
             host_times: (0.0, 0.0, 0),
+            encoder_host: (0.0, 0.0, 0.0, 0),
             early_submit: std::env::var("VERBATIM_EARLY_SUBMIT")
                 .ok()
                 .and_then(|v| v.split(',').map(|c| c.trim().parse().ok()).collect::<Option<Vec<usize>>>())
@@ -786,7 +792,7 @@ impl GpuWhisper {
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             encoder_parts: std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"),
             encoder_replay: std::env::var("VERBATIM_ENCODER_REPLAY").map_or(true, |v| v != "0"),
-            encoder_mel_prologue: std::env::var("VERBATIM_ENCODER_MEL").map_or(true, |v| v != "wgpu"),
+            encoder_mel_prologue: std::env::var("VERBATIM_ENCODER_MEL").is_ok_and(|v| v == "prologue"),
             windows_encoded: 0,
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             batch_encoded_first: false,
@@ -819,16 +825,19 @@ impl GpuWhisper {
     /// the host and the GPU a little. `encoder_parts` (`VERBATIM_ENCODER_EARLY=0`: off)
     /// records it whole before one submission, as before 2026-12-05. From the second window
     /// on (`encoder_replay`) the whole recording is replayed instead where the device
-    /// allows it: the host records without encoding and uploads the mel and the parameters
-    /// in the replay's prologue (to be timed on a device: `verbatim bench` alternates the
-    /// three).
+    /// allows it: the host records without encoding and uploads the parameters in the
+    /// replay's prologue. H100, alternated in one process (`verbatim bench`): tiny.en 1.390-
+    /// 1.396 ms a window against 1.489-1.491 through wgpu in parts and 1.472-1.477 whole;
+    /// small.en 9.42 against 9.49 and 9.65.
     fn encode(&mut self, mel: &[f32]) -> Result<()> {
         let d = self.dims.d_model as u32;
         let a = self.dims.audio_ctx as u32;
         let frames = 2 * a;
+        let t_start = std::time::Instant::now();
         let g = self.gpu.clone();
-        // Replayed, the mel goes with the replay's prologue (a queued write would land only
-        // with wgpu's next submission) and the recording is whole (nothing submitted early).
+        // Replayed, the recording is whole (nothing submitted early) and the mel goes up
+        // through wgpu with an empty submission of its own (a queued write lands only with
+        // wgpu's next submission) or in the replay's prologue (`encoder_mel_prologue`).
         let replaying = self.encoder_replay && self.windows_encoded > 0 && self.replaying();
         self.windows_encoded += 1;
         let mel_prologue = replaying && self.encoder_mel_prologue;
@@ -839,6 +848,7 @@ impl GpuWhisper {
                 g.queue.submit([]);
             }
         }
+        let t_mel = std::time::Instant::now();
         let k = &self.kern;
         let mut rec = g.recorder_cached(&mut self.enc_cache);
         rec.stage("encoder");
@@ -961,17 +971,29 @@ impl GpuWhisper {
             rec.stage("cross k|v");
             k.linear_segments(&mut rec, Some(Rows::new(&self.enc_xn, du)), a, &self.cross_kv.w, Some(&self.cross_kv.b), &self.enc_kv, seg)?;
         }
-        if replaying {
-            let mel_write = [(&self.mel, 0, bytemuck::cast_slice::<f32, u8>(mel))];
-            let writes: &[(&wgpu::Buffer, u64, &[u8])] = if mel_prologue { &mel_write } else { &[] };
-            return match rec.replay(writes, Some(&mut self.profile))? {
-                Some(ticket) => self.gpu.replay_wait(ticket),
-                // The program's first use: built, and this window went through wgpu.
-                None => self.gpu.wait(),
-            };
+        let ticket = match replaying {
+            true => {
+                let mel_write = [(&self.mel, 0, bytemuck::cast_slice::<f32, u8>(mel))];
+                let writes: &[(&wgpu::Buffer, u64, &[u8])] = if mel_prologue { &mel_write } else { &[] };
+                // None: the program's first use, built, and this window went through wgpu.
+                rec.replay(writes, Some(&mut self.profile))?
+            }
+            false => {
+                rec.submit(Some(&mut self.profile))?;
+                None
+            }
+        };
+        let t_submitted = std::time::Instant::now();
+        match ticket {
+            Some(t) => self.gpu.replay_wait(t)?,
+            None => self.gpu.wait()?,
         }
-        rec.submit(Some(&mut self.profile))?;
-        self.gpu.wait()
+        let h = &mut self.encoder_host;
+        h.0 += (t_mel - t_start).as_secs_f64();
+        h.1 += (t_submitted - t_mel).as_secs_f64();
+        h.2 += t_submitted.elapsed().as_secs_f64();
+        h.3 += 1;
+        Ok(())
     }
 
     /// The encoder's output for the current window ([audio_ctx][d], after the final
