@@ -705,8 +705,8 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
                 }
             }
         }
-        // One program per pass length (their grids differ) and one for the prompt, built
-        // once however often they ran.
+        // One program per pass length (their grids differ), one for the prompt and one for
+        // the encoder (replayed from the second window), built once however often they ran.
         let built = g.gpu().replay_programs() - programs;
         assert_eq!(built, if replays { 7 } else { 0 }, "replay programs built for 5 pass lengths, the prompt and the encoder");
         // Every draft kept, then single steps: through wgpu, the first one runs the step the

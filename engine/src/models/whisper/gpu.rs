@@ -374,8 +374,8 @@ pub struct GpuWhisper {
     /// Whether the encoder goes to the GPU in parts (`encode`): on unless
     /// `VERBATIM_ENCODER_EARLY=0`; `verbatim bench` times it both ways.
     pub encoder_parts: bool,
-    /// Whether the encoder is replayed (`Recorder::replay`, the mel in the replay's
-    /// prologue) from a model's second window on, where the device allows it: on unless
+    /// Whether the encoder is replayed (`Recorder::replay`: a raw Vulkan command buffer
+    /// built once) from a model's second window on, where the device allows it: on unless
     /// `VERBATIM_ENCODER_REPLAY=0`; `verbatim bench` times it against the rows above. Not
     /// the first window: its program is built on that replay's first use (the kernels'
     /// raw pipelines compiled), which a file of one window would pay for nothing.
