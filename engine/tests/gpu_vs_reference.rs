@@ -106,14 +106,20 @@ struct Geometry {
 fn gpu() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
-        let g = Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)");
+        let g = own_gpu();
         eprintln!(
             "GPU: {} ({}, {})",
             g.info.name, g.info.backend, g.info.device_type
         );
-        Arc::new(g)
+        g
     })
     .clone()
+}
+
+/// A device of the test's own: replays need one the engine opened, and a test that counts
+/// what its device built would count what the tests beside it build on the shared one.
+fn own_gpu() -> Arc<Gpu> {
+    Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)"))
 }
 
 /// The run's seed: `VERBATIM_TEST_SEED`, or the clock. Each test mixes in its own tag so
@@ -471,10 +477,8 @@ fn encoder_replayed_equals_encoder_through_wgpu() {
     let tag = "encoder-replay";
     let s = seed(tag);
     let mut rng = StdRng::seed_from_u64(s);
-    // A device of its own: replays need one the engine opened (lavapipe is enough).
-    let own = Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)"));
     let geom = GEOM_A;
-    let mut p = pair_on(own, geom, s, tag);
+    let mut p = pair_on(own_gpu(), geom, s, tag);
     let mels: Vec<Vec<f32>> = (0..2).map(|_| random_mel(&geom.dims, &mut rng)).collect();
     let g = &mut p.gpu;
     g.encoder_replay = false;
@@ -667,9 +671,7 @@ fn verify_equals_single_steps_bit_for_bit_and_rolls_back() {
     let tag = "verify";
     let s = seed(tag);
     let mut rng = StdRng::seed_from_u64(s);
-    // A device of its own: it counts the replay programs built, which the tests beside it
-    // would add to on the shared one.
-    let own = Arc::new(Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe is enough)"));
+    let own = own_gpu();
     for geom in [GEOM_A, GEOM_B] {
         let mut p = pair_on(own.clone(), geom, s, tag);
         let mel = random_mel(&geom.dims, &mut rng);
