@@ -290,21 +290,24 @@ fn bench(args: &Args) -> Result<(), String> {
     // else submitted in parts, if on), submitted in parts through wgpu, and recorded whole
     // before one submission, alternated in one process (the host's speed varies between
     // processes). Each mode's first window is not timed (a replay's program is built then).
-    let (parts, replay, mel_prologue) = (model.encoder_parts, model.encoder_replay, model.encoder_mel_prologue);
+    let (parts, replay, mel_prologue, rerecord) = (model.encoder_parts, model.encoder_replay, model.encoder_mel_prologue, model.encoder_rerecord);
     let replays = replay && gpu.replay_available();
-    let (mut enc, mut enc_whole, mut enc_wgpu, mut enc_mel) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut enc, mut enc_whole, mut enc_wgpu, mut enc_mel, mut enc_rec) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // The host's split of each mode's fastest batch: mel upload, recording + submission, wait.
-    let mut enc_split = [(f64::INFINITY, (0.0, 0.0, 0.0)); 4];
+    let mut enc_split = [(f64::INFINITY, (0.0, 0.0, 0.0)); 5];
     for b in 0..=batches {
-        for mode in 0..4 {
-            // 0 shipped, 1 whole, 2 parts through wgpu, 3 replayed with the mel the other way
-            let mode = (mode + b) % 4;
+        for mode in 0..5 {
+            // 0 shipped, 1 whole, 2 parts through wgpu, 3 replayed with the mel the other
+            // way, 4 replayed with the recording kept the other way (each window recorded
+            // or the program submitted again unrecorded)
+            let mode = (mode + b) % 5;
             if mode >= 2 && !replays {
                 continue;
             }
             model.encoder_parts = parts && mode != 1;
-            model.encoder_replay = replay && (mode == 0 || mode == 3);
+            model.encoder_replay = replay && (mode == 0 || mode == 3 || mode == 4);
             model.encoder_mel_prologue = mel_prologue != (mode == 3);
+            model.encoder_rerecord = rerecord != (mode == 4);
             model.encoder_host = (0.0, 0.0, 0.0, 0);
             let t = Instant::now();
             let reps = 3;
@@ -313,7 +316,7 @@ fn bench(args: &Args) -> Result<(), String> {
             }
             let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
             if b > 0 {
-                [&mut enc, &mut enc_whole, &mut enc_wgpu, &mut enc_mel][mode].push(ms);
+                [&mut enc, &mut enc_whole, &mut enc_wgpu, &mut enc_mel, &mut enc_rec][mode].push(ms);
                 let (m, r, w, n) = model.encoder_host;
                 let per = |x: f64| x * 1e3 / n.max(1) as f64;
                 if ms < enc_split[mode].0 {
@@ -325,6 +328,7 @@ fn bench(args: &Args) -> Result<(), String> {
     model.encoder_parts = parts;
     model.encoder_replay = replay;
     model.encoder_mel_prologue = mel_prologue;
+    model.encoder_rerecord = rerecord;
 
     // Prefill (4 and 64 positions from 0) and forced decode steps.
     let steps = args.steps.min(dims.text_ctx - 4);
@@ -673,21 +677,26 @@ fn bench(args: &Args) -> Result<(), String> {
     let e = stat(&enc);
     let how_wgpu = if parts { "submitted in parts (after each convolution and the first layer)" } else { "one submission (VERBATIM_ENCODER_EARLY=0)" };
     let how = match (replays, mel_prologue) {
-        (true, true) => "replayed (a raw Vulkan command buffer built once, the mel and parameters uploaded by a prologue)",
-        (true, false) => "replayed (a raw Vulkan command buffer built once, parameters uploaded by a prologue, the mel through wgpu)",
+        (true, true) => "replayed (a raw Vulkan command buffer built once, the mel copied by its prologue from a staging buffer)",
+        (true, false) => "replayed (a raw Vulkan command buffer built once, the mel through wgpu)",
         (false, _) => how_wgpu,
     };
+    let kept = if rerecord { "recorded every window" } else { "submitted again unrecorded" };
     let split = |mode: usize| {
         let (m, r, w) = enc_split[mode].1;
         format!("host: mel upload {m:.3}, records and submits {r:.3}, waits {w:.3}")
     };
+    let how = if replays { format!("{how}, {kept}") } else { how.to_string() };
     println!("| encoder, ms per 30 s window | {:.3} | {:.2} | incl. cross K/V, {how} + wait; {} |", e.min, e.spread, split(0));
     if replays {
         let ep = stat(&enc_wgpu);
         println!("| encoder through wgpu, {how_wgpu}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it; {} |", ep.min, ep.spread, split(2));
         let em = stat(&enc_mel);
-        let other = if mel_prologue { "through wgpu's staging and an empty submission" } else { "in the replay's prologue (vkCmdUpdateBuffer)" };
+        let other = if mel_prologue { "through wgpu's staging and an empty submission" } else { "copied by the replay's prologue from a staging buffer" };
         println!("| encoder replayed, the mel {other}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it; {} |", em.min, em.spread, split(3));
+        let er = stat(&enc_rec);
+        let other = if rerecord { "submitted again unrecorded" } else { "recorded every window" };
+        println!("| encoder replayed, {other}, ms | {:.3} | {:.2} | the same windows, alternated with the rows around it; {} |", er.min, er.spread, split(4));
     }
     let ew = stat(&enc_whole);
     println!("| encoder recorded whole before one submission, ms | {:.3} | {:.2} | the same windows, alternated with the rows above; {} |", ew.min, ew.spread, split(1));

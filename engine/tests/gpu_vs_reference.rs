@@ -470,14 +470,16 @@ fn encoder_matches_reference_head_dim_10() {
 
 /// The encoder replayed (from a model's second window on) writes what it writes through
 /// wgpu, bit for bit, over each window's own mel: windows alternate, so a replay that
-/// missed its mel (in its prologue or queued through wgpu) would encode the window before.
-/// One program, built once.
+/// missed its mel (copied in its prologue from a staging buffer, or queued through wgpu)
+/// would encode the window before; each way recorded every window and submitted again
+/// unrecorded (the kept recording). One program, built once. 32 mels, so that the mel
+/// (77 KB) is big enough for the replay to stage it.
 #[test]
 fn encoder_replayed_equals_encoder_through_wgpu() {
     let tag = "encoder-replay";
     let s = seed(tag);
     let mut rng = StdRng::seed_from_u64(s);
-    let geom = GEOM_A;
+    let geom = Geometry { dims: Dims { n_mels: 32, ..GEOM_A.dims }, ..GEOM_A };
     let mut p = pair_on(own_gpu(), geom, s, tag);
     let mels: Vec<Vec<f32>> = (0..2).map(|_| random_mel(&geom.dims, &mut rng)).collect();
     let g = &mut p.gpu;
@@ -492,14 +494,17 @@ fn encoder_replayed_equals_encoder_through_wgpu() {
     assert_ne!(through[0], through[1], "two windows' encodings");
     g.encoder_replay = true;
     let programs = g.gpu().replay_programs();
-    // The mel in the replay's prologue, then through wgpu's staging before the replay.
-    for (round, prologue) in [true, true, false, false].into_iter().enumerate() {
+    // The mel in the replay's prologue, then through wgpu's staging before the replay;
+    // each recorded every window, then kept.
+    let rounds = [(true, true), (true, false), (true, false), (false, true), (false, false), (false, false)];
+    for (round, (prologue, rerecord)) in rounds.into_iter().enumerate() {
         g.encoder_mel_prologue = prologue;
+        g.encoder_rerecord = rerecord;
         for (i, m) in mels.iter().enumerate() {
             g.begin_window(m).unwrap();
             assert!(
                 g.encoder_output().unwrap() == through[i],
-                "round {round} (mel in the prologue: {prologue}), window {i}: the replayed encoder differs from wgpu's"
+                "round {round} (mel in the prologue: {prologue}, recorded: {rerecord}), window {i}: the replayed encoder differs from wgpu's"
             );
         }
     }

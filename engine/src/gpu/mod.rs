@@ -25,7 +25,7 @@ pub use replay::Ticket;
 #[derive(Clone, Copy, Debug)]
 pub struct Ticket;
 
-pub use recorder::{CmdSig, Cost, DispatchCache, Encoded, KernelStat, Profile, Recorder, Signature};
+pub use recorder::{CmdSig, Cost, DispatchCache, Encoded, Kept, KernelStat, Profile, Recorder, Signature};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -74,7 +74,24 @@ struct Entry {
     fence: vk::Fence,
     serial: u64,
     busy: bool,
+    /// Host memory the prologue copies its big writes from (made on the first big write,
+    /// grown as needed): free whenever the entry is, since its submission has finished.
+    staging: Option<Staging>,
 }
+
+/// A buffer in host-visible, host-coherent memory, mapped for its lifetime.
+struct Staging {
+    buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    ptr: std::ptr::NonNull<u8>,
+    size: u64,
+}
+
+// SAFETY: the mapping is written only through `&mut Replayer` (`Gpu` keeps it behind a
+// mutex), and only while the entry it belongs to is not in flight; a shared reference (the
+// pipelines' compilation on worker threads) never touches it.
+unsafe impl Send for Staging {}
+unsafe impl Sync for Staging {}
 
 /// Prologues in flight at most (each submission takes the next; one still running is
 /// waited for).
@@ -83,6 +100,11 @@ const ENTRIES: usize = 8;
 const SETS_PER_POOL: u32 = 1024;
 /// `vkCmdUpdateBuffer` takes at most this many bytes at a time.
 const UPDATE_MAX: usize = 65536;
+/// Writes of at least this many bytes go through the entry's staging buffer and a
+/// `vkCmdCopyBuffer`, not inline: a 30 s window's mel (960 KB) as `vkCmdUpdateBuffer`s made
+/// the tiny.en encoder ~0.2 ms slower than wgpu's staging copy (H100, 2026-12-07), since
+/// the command buffer carries the bytes and the GPU's front end feeds them through.
+const STAGE_MIN: usize = UPDATE_MAX;
 /// Programs kept at most: past this all are dropped (and rebuilt as they recur). A model's
 /// passes make a few dozen (16 lengths x its self-attention's key splits); the bound is for
 /// a device that outlives many models (the tests' shared one), whose old programs would
@@ -103,6 +125,8 @@ pub(crate) struct Replayer {
     checks: bool,
     native_zero: bool,
     subgroups: bool,
+    /// For the staging buffers' memory type.
+    memory_types: Vec<vk::MemoryType>,
     /// `MAX_PROGRAMS`, or less in a test.
     max_programs: usize,
 }
@@ -172,6 +196,9 @@ impl Replayer {
             zero.shader_zero_initialize_workgroup_memory != 0
         };
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        // SAFETY: a query on the device's own physical device.
+        let props = unsafe { instance.get_physical_device_memory_properties(phys) };
+        let memory_types = props.memory_types[..props.memory_type_count as usize].to_vec();
         drop(hal);
         // SAFETY: a pool on the device's queue family.
         let cmd_pool = unsafe {
@@ -197,13 +224,14 @@ impl Replayer {
             checks,
             native_zero,
             subgroups,
+            memory_types,
             max_programs: MAX_PROGRAMS,
         };
         let cmds = r.alloc_cmds(ENTRIES as u32)?;
         for cmd in cmds {
             // SAFETY: a plain fence.
             let fence = unsafe { r.raw.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(|e| vk_err("fence", e))?;
-            r.entries.push(Entry { cmd, fence, serial: 0, busy: false });
+            r.entries.push(Entry { cmd, fence, serial: 0, busy: false, staging: None });
         }
         Ok(r)
     }
@@ -567,7 +595,8 @@ impl Replayer {
     }
 
     /// Submit the program for `sig` after a prologue writing `writes` (buffer, byte offset,
-    /// bytes; offsets and lengths multiples of 4).
+    /// bytes; offsets and lengths multiples of 4): inline, or copied from the entry's staging
+    /// buffer where a write is big (`STAGE_MIN`).
     pub(crate) fn submit(&mut self, sig: &Signature, writes: &[(vk::Buffer, u64, &[u8])], spin: std::time::Duration) -> Result<Ticket> {
         let prog = self.programs.get(sig).ok_or_else(|| Error::Invalid("replay: no program for this recording".into()))?;
         let (prog_cmd, last) = (prog.cmd, prog.last);
@@ -585,21 +614,57 @@ impl Replayer {
             let t = Ticket { entry: idx, serial: self.entries[idx].serial };
             self.wait(t, spin)?;
         }
+        // The big writes' bytes into the entry's staging buffer (free: its last submission
+        // has finished), each at a 16-byte aligned offset.
+        let staged: u64 = writes.iter().filter(|w| w.2.len() >= STAGE_MIN).map(|w| (w.2.len() as u64).next_multiple_of(16)).sum();
+        let mut copies: Vec<(vk::Buffer, vk::BufferCopy)> = Vec::new();
+        if staged > 0 {
+            if self.entries[idx].staging.as_ref().is_none_or(|s| s.size < staged) {
+                if let Some(old) = self.entries[idx].staging.take() {
+                    self.destroy_staging(old);
+                }
+                // Every idle entry without one gets its buffer now too, so that the
+                // allocations (and the pages' first touch) fall on the first big write,
+                // not on one of the next eight.
+                for i in 0..self.entries.len() {
+                    if i == idx || (self.entries[i].staging.is_none() && !self.entries[i].busy) {
+                        self.entries[i].staging = Some(self.make_staging(staged)?);
+                    }
+                }
+            }
+            let st = self.entries[idx].staging.as_ref().ok_or_else(|| Error::Gpu("replay: no staging buffer".into()))?;
+            let mut at = 0u64;
+            for (buf, off, data) in writes.iter().filter(|w| w.2.len() >= STAGE_MIN) {
+                // SAFETY: `at + len <= st.size` (summed above); the mapping is ours and not
+                // read by the GPU (the entry is not in flight).
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), st.ptr.as_ptr().add(at as usize), data.len()) };
+                copies.push((*buf, vk::BufferCopy { src_offset: at, dst_offset: *off, size: data.len() as u64 }));
+                at += (data.len() as u64).next_multiple_of(16);
+            }
+        }
+        let staging_buffer = self.entries[idx].staging.as_ref().map(|s| s.buffer);
         self.serial += 1;
         let e = &mut self.entries[idx];
         e.serial = self.serial;
         let (cmd, fence) = (e.cmd, e.fence);
         // SAFETY (this block): the entry's buffer and fence are not in flight (waited for
-        // above); the written buffers are live (the caller's).
+        // above); the written buffers are live (the caller's). The staging buffer's host
+        // writes are visible to the copies: host-coherent memory, and a submission makes
+        // earlier host writes available to the device.
         unsafe {
             self.raw.reset_fences(&[fence]).map_err(|e| vk_err("reset fence", e))?;
             self.raw
                 .begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT))
                 .map_err(|e| vk_err("begin prologue", e))?;
             full_barrier(&self.raw, cmd, vk::PipelineStageFlags::TRANSFER, vk::AccessFlags::TRANSFER_WRITE);
-            for (buf, off, data) in writes {
+            for (buf, off, data) in writes.iter().filter(|w| w.2.len() < STAGE_MIN) {
                 for (i, chunk) in data.chunks(UPDATE_MAX).enumerate() {
                     self.raw.cmd_update_buffer(cmd, *buf, off + (i * UPDATE_MAX) as u64, chunk);
+                }
+            }
+            if let Some(src) = staging_buffer {
+                for (dst, region) in &copies {
+                    self.raw.cmd_copy_buffer(cmd, src, *dst, std::slice::from_ref(region));
                 }
             }
             full_barrier(&self.raw, cmd, vk::PipelineStageFlags::ALL_COMMANDS, ALL_ACCESS);
@@ -614,6 +679,67 @@ impl Replayer {
             p.last = Some(t);
         }
         Ok(t)
+    }
+
+    /// A staging buffer of at least `size` bytes in host-visible, host-coherent memory
+    /// (host-cached where the device offers it: the host's copy into it runs at cache
+    /// speed), mapped.
+    fn make_staging(&self, size: u64) -> Result<Staging> {
+        let size = size.next_multiple_of(1 << 20);
+        // SAFETY (this block): objects of ours; on an error what was made is destroyed.
+        unsafe {
+            let buffer = self
+                .raw
+                .create_buffer(&vk::BufferCreateInfo::default().size(size).usage(vk::BufferUsageFlags::TRANSFER_SRC), None)
+                .map_err(|e| vk_err("staging buffer", e))?;
+            let req = self.raw.get_buffer_memory_requirements(buffer);
+            let want = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+            let fits = |i: usize, flags: vk::MemoryPropertyFlags| {
+                req.memory_type_bits & (1 << i) != 0 && self.memory_types[i].property_flags.contains(flags)
+            };
+            let n = self.memory_types.len();
+            let Some(ty) = (0..n).find(|&i| fits(i, want | vk::MemoryPropertyFlags::HOST_CACHED)).or_else(|| (0..n).find(|&i| fits(i, want))) else {
+                self.raw.destroy_buffer(buffer, None);
+                return Err(Error::Unsupported("replay: no host-visible, host-coherent memory for staging".into()));
+            };
+            let memory = match self
+                .raw
+                .allocate_memory(&vk::MemoryAllocateInfo::default().allocation_size(req.size).memory_type_index(ty as u32), None)
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    self.raw.destroy_buffer(buffer, None);
+                    return Err(vk_err("staging memory", e));
+                }
+            };
+            let mapped = self
+                .raw
+                .bind_buffer_memory(buffer, memory, 0)
+                .and_then(|()| self.raw.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty()));
+            match mapped.map(|p| std::ptr::NonNull::new(p.cast::<u8>())) {
+                Ok(Some(ptr)) => {
+                    // Touch every page now, not in a window's copy.
+                    std::ptr::write_bytes(ptr.as_ptr(), 0, size as usize);
+                    Ok(Staging { buffer, memory, ptr, size })
+                }
+                other => {
+                    self.raw.destroy_buffer(buffer, None);
+                    self.raw.free_memory(memory, None);
+                    Err(match other {
+                        Err(e) => vk_err("staging map", e),
+                        _ => Error::Gpu("replay: the staging memory mapped to null".into()),
+                    })
+                }
+            }
+        }
+    }
+
+    fn destroy_staging(&self, s: Staging) {
+        // SAFETY: ours, not in flight (callers); freeing the memory unmaps it.
+        unsafe {
+            self.raw.destroy_buffer(s.buffer, None);
+            self.raw.free_memory(s.memory, None);
+        }
     }
 
     /// Wait for `t`'s submission: its fence polled for `spin`, then waited on.
@@ -651,8 +777,12 @@ impl Drop for Replayer {
         // destroy what we made (the `Gpu` drops this before its wgpu device).
         unsafe {
             let _ = self.raw.device_wait_idle();
-            for e in &self.entries {
+            for e in &mut self.entries {
                 self.raw.destroy_fence(e.fence, None);
+                if let Some(s) = e.staging.take() {
+                    self.raw.destroy_buffer(s.buffer, None);
+                    self.raw.free_memory(s.memory, None);
+                }
             }
             for p in self.pipelines.values() {
                 self.destroy_pipeline(p);

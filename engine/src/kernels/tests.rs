@@ -2593,6 +2593,66 @@ fn replay_runs_the_recording_again_with_new_writes() {
     assert!(rec.replay(&[], None).is_err(), "a recording with a part submitted early");
 }
 
+/// A replay's big writes (`STAGE_MIN` bytes and more) go up through its entry's staging
+/// buffer and a copy in the prologue, small ones inline: rounds of a big write at offset 0,
+/// a second big one at an odd word offset of another buffer, and a small one, of lengths
+/// that straddle the threshold and outgrow the first staging buffers (1 MiB), more rounds
+/// than the replayer has entries; every written word read back, and a dispatch after the
+/// writes reads them (the copies land before the program runs). Outputs poisoned first.
+#[test]
+fn replay_stages_big_writes() {
+    let ga = crate::testgpu::gpu_arc();
+    let g = &*ga;
+    if !g.replay_available() {
+        return;
+    }
+    let kern = Kernels::load(g).unwrap();
+    let mut rng = rng("replay-stage");
+    let big_words = 300_000usize; // 1.2 MB: past the first staging buffers' 1 MiB
+    let (width, rows) = (13u32, 5u32);
+    let src = g.upload_f32("src", &vec![0.0; big_words]).unwrap();
+    let other = g.upload_f32("other", &vec![0.0; 20_000]).unwrap();
+    let small = g.upload_f32("small", &vec![0.0; 16]).unwrap();
+    let dst = g.buffer("dst", 4 * 5 * 13).unwrap();
+    let mut cache = crate::gpu::DispatchCache::default();
+    // Word counts of the first write: 64 KiB exactly (staged), a word less (inline), a
+    // little more, all of it; then again past the replayer's eight entries.
+    let lens = [16_384usize, 16_383, 70_001, big_words, 20_000, 16_384, 250_000, 16_383, 100_000, big_words, 17_000, 16_384];
+    for (round, &n) in lens.iter().enumerate() {
+        let data: Vec<f32> = (0..n).map(|_| rng.random_range(0.5f32..2.0) * if rng.random_bool(0.5) { -1.0 } else { 1.0 }).collect();
+        let n2 = 16_384 + round * 101;
+        let data2: Vec<f32> = (0..n2).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        let data3: Vec<f32> = (0..7).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        g.write(&src, 0, bytemuck::cast_slice(&vec![f32::NAN; big_words]));
+        g.write(&other, 0, bytemuck::cast_slice(&vec![f32::NAN; 20_000]));
+        g.write(&small, 0, bytemuck::cast_slice(&vec![f32::NAN; 16]));
+        g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; 5 * 13]));
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+        let mut rec = g.recorder_cached(&mut cache);
+        kern.copy_rows(&mut rec, Rows::at(&src, 2 * 13, 13), Rows::new(&dst, 13), rows, width).unwrap();
+        let writes: [(&wgpu::Buffer, u64, &[u8]); 3] = [
+            (&src, 0, bytemuck::cast_slice(&data)),
+            (&other, 4 * 123, bytemuck::cast_slice(&data2)),
+            (&small, 4 * 5, bytemuck::cast_slice(&data3)),
+        ];
+        let t = rec.replay(&writes, None).unwrap();
+        assert_eq!(t.is_some(), round > 0, "round {round}: replayed from the second recording on");
+        if let Some(t) = t {
+            g.replay_wait(t).unwrap();
+        }
+        assert_eq!(g.read_f32(&src, 0, n).unwrap(), data, "round {round}: the first write ({n} words)");
+        assert!(g.read_f32(&src, n as u64, big_words - n).unwrap().iter().all(|v| v.is_nan()), "round {round}: past the first write");
+        assert_eq!(g.read_f32(&other, 123, n2).unwrap(), data2, "round {round}: the second write ({n2} words at word 123)");
+        let around = g.read_f32(&other, 0, 20_000).unwrap();
+        assert!(around[..123].iter().chain(&around[123 + n2..]).all(|v| v.is_nan()), "round {round}: around the second write");
+        let got3 = g.read_f32(&small, 0, 16).unwrap();
+        assert_eq!(got3[5..12].to_vec(), data3, "round {round}: the small write");
+        assert!(got3[..5].iter().chain(&got3[12..]).all(|v| v.is_nan()), "round {round}: around the small write");
+        assert_eq!(g.read_f32(&dst, 0, 5 * 13).unwrap(), data[2 * 13..7 * 13].to_vec(), "round {round}: the dispatch after the writes");
+    }
+}
+
 /// Past the program bound every program is dropped and rebuilt as it recurs: two
 /// signatures, each run twice in turn (built through wgpu, then replayed), on a replayer
 /// that keeps one, each result still right.

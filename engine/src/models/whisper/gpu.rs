@@ -35,7 +35,7 @@ use super::checkpoint::Checkpoint;
 use super::ct2::DType;
 use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
-use crate::gpu::{DispatchCache, Encoded, Gpu, Profile, Recorder, Signature, Ticket};
+use crate::gpu::{DispatchCache, Encoded, Gpu, Kept, Profile, Recorder, Signature, Ticket};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
     Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
@@ -382,11 +382,18 @@ pub struct GpuWhisper {
     pub encoder_replay: bool,
     /// Where a replayed encoder's mel goes up: through wgpu's staging and an empty
     /// submission before the replay (the default), or in the replay's prologue
-    /// (`VERBATIM_ENCODER_MEL=prologue`: `vkCmdUpdateBuffer` in 64 KiB pieces, which cost
-    /// the H100 ~0.2 ms more a tiny.en window for its 960 KB; `verbatim bench` times both).
+    /// (`VERBATIM_ENCODER_MEL=prologue`: copied from the replay's own staging buffer; as
+    /// `vkCmdUpdateBuffer`s it cost the H100 ~0.2 ms more a tiny.en window for its 960 KB;
+    /// `verbatim bench` times both).
     pub encoder_mel_prologue: bool,
     /// Windows encoded so far (`encoder_replay` waits for the second).
     windows_encoded: u64,
+    /// The replayed encoder kept (`Recorder::replay_kept`): from its second replay on the
+    /// program is submitted again without recording the window (the same dispatches and
+    /// parameters every window; only the mel differs). `VERBATIM_ENCODER_RERECORD=1`
+    /// records every window (`verbatim bench` times both).
+    encoder_kept: Option<Kept>,
+    pub encoder_rerecord: bool,
     /// Whether a step encoded ahead survives a rollback, to be moved to the new position
     /// by its parameters (`retarget_step`): on unless `VERBATIM_RETARGET=0`; `verbatim
     /// bench` times the step after a rollback both ways.
@@ -794,6 +801,8 @@ impl GpuWhisper {
             encoder_replay: std::env::var("VERBATIM_ENCODER_REPLAY").map_or(true, |v| v != "0"),
             encoder_mel_prologue: std::env::var("VERBATIM_ENCODER_MEL").is_ok_and(|v| v == "prologue"),
             windows_encoded: 0,
+            encoder_kept: None,
+            encoder_rerecord: std::env::var("VERBATIM_ENCODER_RERECORD").is_ok_and(|v| v == "1"),
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             batch_encoded_first: false,
             replay: true,
@@ -849,6 +858,17 @@ impl GpuWhisper {
             }
         }
         let t_mel = std::time::Instant::now();
+        let mel_write = [(&self.mel, 0, bytemuck::cast_slice::<f32, u8>(mel))];
+        let writes: &[(&wgpu::Buffer, u64, &[u8])] = if mel_prologue { &mel_write } else { &[] };
+        if let Some(kept) = self.encoder_kept.as_ref().filter(|_| replaying && !self.encoder_rerecord) {
+            if let Some(t) = kept.submit(&g, writes, Some(&mut self.profile))? {
+                let t_submitted = std::time::Instant::now();
+                self.gpu.replay_wait(t)?;
+                self.add_encoder_host(t_start, t_mel, t_submitted);
+                return Ok(());
+            }
+            self.encoder_kept = None; // the program was dropped: record it anew
+        }
         let k = &self.kern;
         let mut rec = g.recorder_cached(&mut self.enc_cache);
         rec.stage("encoder");
@@ -973,10 +993,12 @@ impl GpuWhisper {
         }
         let ticket = match replaying {
             true => {
-                let mel_write = [(&self.mel, 0, bytemuck::cast_slice::<f32, u8>(mel))];
-                let writes: &[(&wgpu::Buffer, u64, &[u8])] = if mel_prologue { &mel_write } else { &[] };
                 // None: the program's first use, built, and this window went through wgpu.
-                rec.replay(writes, Some(&mut self.profile))?
+                let (ticket, kept) = rec.replay_kept(writes, Some(&mut self.profile))?;
+                if ticket.is_some() {
+                    self.encoder_kept = Some(kept);
+                }
+                ticket
             }
             false => {
                 rec.submit(Some(&mut self.profile))?;
@@ -988,12 +1010,18 @@ impl GpuWhisper {
             Some(t) => self.gpu.replay_wait(t)?,
             None => self.gpu.wait()?,
         }
+        self.add_encoder_host(t_start, t_mel, t_submitted);
+        Ok(())
+    }
+
+    /// A window's host split into `encoder_host`: the mel's upload, recording and
+    /// submission, the wait (until now).
+    fn add_encoder_host(&mut self, t_start: std::time::Instant, t_mel: std::time::Instant, t_submitted: std::time::Instant) {
         let h = &mut self.encoder_host;
         h.0 += (t_mel - t_start).as_secs_f64();
         h.1 += (t_submitted - t_mel).as_secs_f64();
         h.2 += t_submitted.elapsed().as_secs_f64();
         h.3 += 1;
-        Ok(())
     }
 
     /// The encoder's output for the current window ([audio_ctx][d], after the final
