@@ -198,8 +198,9 @@ pub struct Recorder<'g> {
 /// A replayed recording kept to be submitted again unchanged (`Recorder::replay_kept`): its
 /// signature names the program, and its parameters stay where the last recording uploaded
 /// them (the arenas of the recording's `DispatchCache`, which nothing else writes), so
-/// submitting it again skips the host's recording (~0.05 ms a tiny.en encoder window on
-/// the H100, ~0.1 ms small.en's).
+/// submitting it again skips the host's recording (an encoder window's: 0.030 → 0.016 ms
+/// of host before the GPU starts for tiny.en, 0.141 → 0.060 for small.en; H100,
+/// bench/RESULTS.md 2026-12-07 twenty-first session).
 pub struct Kept {
     sig: Signature,
     /// Each dispatch's kernel, stage and cost, for the profile's counts.

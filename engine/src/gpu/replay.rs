@@ -682,8 +682,9 @@ impl Replayer {
     }
 
     /// A staging buffer of at least `size` bytes in host-visible, host-coherent memory
-    /// (host-cached where the device offers it: the host's copy into it runs at cache
-    /// speed), mapped.
+    /// (host-cached where the device offers it), mapped. For the mel on an H100 the copy
+    /// into it and the GPU's copy out of it took 0.05 ms more than wgpu's staging (RESULTS.md
+    /// 2026-12-07 twenty-first session); other memory types are not timed yet.
     fn make_staging(&self, size: u64) -> Result<Staging> {
         let size = size.next_multiple_of(1 << 20);
         // SAFETY (this block): objects of ours; on an error what was made is destroyed.
@@ -777,12 +778,12 @@ impl Drop for Replayer {
         // destroy what we made (the `Gpu` drops this before its wgpu device).
         unsafe {
             let _ = self.raw.device_wait_idle();
-            for e in &mut self.entries {
+            for e in &self.entries {
                 self.raw.destroy_fence(e.fence, None);
-                if let Some(s) = e.staging.take() {
-                    self.raw.destroy_buffer(s.buffer, None);
-                    self.raw.free_memory(s.memory, None);
-                }
+            }
+            let staging: Vec<Staging> = self.entries.iter_mut().filter_map(|e| e.staging.take()).collect();
+            for s in staging {
+                self.destroy_staging(s);
             }
             for p in self.pipelines.values() {
                 self.destroy_pipeline(p);

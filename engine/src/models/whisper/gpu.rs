@@ -393,6 +393,7 @@ pub struct GpuWhisper {
     /// parameters every window; only the mel differs). `VERBATIM_ENCODER_RERECORD=1`
     /// records every window (`verbatim bench` times both).
     encoder_kept: Option<Kept>,
+    /// Whether a replayed encoder records every window (not kept; see above).
     pub encoder_rerecord: bool,
     /// Whether a step encoded ahead survives a rollback, to be moved to the new position
     /// by its parameters (`retarget_step`): on unless `VERBATIM_RETARGET=0`; `verbatim
