@@ -2687,6 +2687,67 @@ fn replay_programs_dropped_at_the_bound_are_rebuilt() {
     }
 }
 
+/// A kept recording (`Recorder::replay_kept`) submitted again unrecorded computes what the
+/// recording says with each submission's new writes, and once its program has been dropped
+/// at the bound (another signature built on a replayer that keeps one) `Kept::submit`
+/// answers `None`, so the caller records anew. Outputs poisoned before each round.
+#[test]
+fn kept_replay_resubmits_until_its_program_is_dropped() {
+    let g = crate::gpu::Gpu::new(&Default::default()).unwrap();
+    if !g.replay_available() {
+        return;
+    }
+    g.set_replay_max_programs(1).unwrap();
+    let kern = Kernels::load(&g).unwrap();
+    let mut rng = rng("replay kept");
+    let src = g.upload_f32("src", &vec![0.0; 6 * 7]).unwrap();
+    let dst = g.buffer("dst", 4 * 6 * 7).unwrap();
+    let mut cache = crate::gpu::DispatchCache::default();
+    let mut fresh = |g: &crate::gpu::Gpu| {
+        g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; 6 * 7]));
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+        (0..6 * 7).map(|_| rng.random_range(-2.0f32..2.0) + 3.0).collect::<Vec<f32>>()
+    };
+    let check = |g: &crate::gpu::Gpu, data: &[f32], rows: usize, what: &str| {
+        assert_eq!(g.read_f32(&dst, 0, rows * 7).unwrap(), data[..rows * 7].to_vec(), "{what}");
+    };
+    // Built (through wgpu), then replayed and kept.
+    let mut kept = None;
+    for round in 0..2 {
+        let data = fresh(&g);
+        let mut rec = g.recorder_cached(&mut cache);
+        kern.copy_rows(&mut rec, Rows::new(&src, 7), Rows::new(&dst, 7), 6, 7).unwrap();
+        let (t, k) = rec.replay_kept(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap();
+        assert_eq!(t.is_some(), round == 1, "round {round}: built, then replayed");
+        if let Some(t) = t {
+            g.replay_wait(t).unwrap();
+        }
+        check(&g, &data, 6, &format!("round {round}"));
+        kept = Some(k);
+    }
+    let kept = kept.unwrap();
+    for round in 0..3 {
+        let data = fresh(&g);
+        let t = kept.submit(&g, &[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap().expect("the program is there");
+        g.replay_wait(t).unwrap();
+        check(&g, &data, 6, &format!("kept, submission {round}"));
+    }
+    // Another signature (3 rows) built: the kept one's program goes.
+    for _ in 0..2 {
+        let data = fresh(&g);
+        let mut rec = g.recorder_cached(&mut cache);
+        kern.copy_rows(&mut rec, Rows::new(&src, 7), Rows::new(&dst, 7), 3, 7).unwrap();
+        if let Some(t) = rec.replay(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap() {
+            g.replay_wait(t).unwrap();
+        }
+        check(&g, &data, 3, "the other signature");
+    }
+    let data = fresh(&g);
+    assert!(kept.submit(&g, &[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap().is_none(), "a dropped program: record anew");
+    assert!(g.read_f32(&dst, 0, 6 * 7).unwrap().iter().all(|v| v.is_nan()), "nothing submitted for a dropped program");
+}
+
 /// The decode kernels' raw pipelines built at load (`Gpu::prebuild_replay`) are the ones
 /// a program then takes: one per kernel, none compiled again when a pass with one of them
 /// is built, and its replay right.
