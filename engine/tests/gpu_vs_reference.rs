@@ -512,6 +512,76 @@ fn encoder_replayed_equals_encoder_through_wgpu() {
     assert_eq!(built, if g.gpu().replay_available() { 1 } else { 0 }, "one encoder program, built once");
 }
 
+/// A recording's windows through `begin_window_of` (the kept encoder copying them from the
+/// spectrogram kept on the device, put up five windows at a time here so that windows
+/// cross its ends) equal the same windows cut out on the host and encoded through wgpu, bit
+/// for bit: windows that overlap, start before the kept part, run past the recording's end
+/// or lie wholly beyond it, and a second recording whose values took the first one's place
+/// (the same address and length: `fresh`).
+#[test]
+fn encoder_windows_of_a_recording_equal_windows_cut_out() {
+    let tag = "encoder-resident";
+    let s = seed(tag);
+    let mut rng = StdRng::seed_from_u64(s);
+    let geom = Geometry { dims: Dims { n_mels: 12, ..GEOM_A.dims }, ..GEOM_A };
+    let mut p = pair_on(own_gpu(), geom, s, tag);
+    let frames = 2 * geom.dims.audio_ctx;
+    let n_frames = 7 * frames + 13;
+    let spectrogram = |rng: &mut StdRng| engine::audio::mel::LogMel {
+        n_mels: geom.dims.n_mels,
+        n_frames,
+        data: (0..geom.dims.n_mels * n_frames).map(|_| rng.random_range(-1.0f32..1.5)).collect(),
+    };
+    let mut mel = spectrogram(&mut rng);
+    let windows = [
+        (0, frames),
+        (frames - 3, frames),
+        (2 * frames - 5, frames / 2),
+        (3 * frames + 7, frames),
+        (5 * frames + 2, frames),
+        (1, frames),
+        (n_frames - frames / 3, frames),
+        (n_frames + 5, frames),
+        (6 * frames, frames),
+        // (what the kept part holds now is where the next recording's first window is)
+        (0, frames),
+    ];
+    let g = &mut p.gpu;
+    g.resident_frames = 5 * frames / 2;
+    let mut hits = 0;
+    for round in 0..2 {
+        if round == 1 {
+            // Another recording in the first one's place.
+            let other = spectrogram(&mut rng);
+            mel.data.copy_from_slice(&other.data);
+        }
+        g.encoder_replay = false;
+        let wants: Vec<Vec<f32>> = windows
+            .iter()
+            .map(|&(start, len)| {
+                g.begin_window(&mel.window_frames(start, len, frames)).unwrap();
+                g.encoder_output().unwrap()
+            })
+            .collect();
+        g.encoder_replay = true;
+        for (i, (&(start, len), want)) in windows.iter().zip(&wants).enumerate() {
+            // Twice: a window the kept part does not hold puts it up for the next.
+            for rep in 0..2 {
+                let before = g.resident_windows;
+                g.begin_window_of(&mel, start, len, i == 0 && rep == 0).unwrap();
+                hits += g.resident_windows - before;
+                assert!(
+                    g.encoder_output().unwrap() == *want,
+                    "round {round}, window {i} (frames {start} + {len} of {n_frames}), call {rep}: the encoder over the kept spectrogram differs"
+                );
+            }
+        }
+    }
+    if g.gpu().replay_available() {
+        assert!(hits >= 10, "windows copied from the kept spectrogram: {hits}");
+    }
+}
+
 // ---- 2. Decoder: prefill and steps -----------------------------------------------------
 
 /// Per window: a prefill, then single steps through every rule set, up to the last

@@ -44,13 +44,18 @@ impl LogMel {
     /// `len` is capped at `N_FRAMES`, and frames past the end of the spectrogram are
     /// zeros, so any `start`/`len` is safe.
     pub fn window(&self, start: usize, len: usize) -> Vec<f32> {
-        let mut out = vec![0f32; self.n_mels * N_FRAMES];
-        let end = start.saturating_add(len.min(N_FRAMES)).min(self.n_frames);
+        self.window_frames(start, len, N_FRAMES)
+    }
+
+    /// The same for a window of `frames` frames (small test models take fewer than 3000).
+    pub fn window_frames(&self, start: usize, len: usize, frames: usize) -> Vec<f32> {
+        let mut out = vec![0f32; self.n_mels * frames];
+        let end = start.saturating_add(len.min(frames)).min(self.n_frames);
         if start < end {
             let n = end - start;
             for m in 0..self.n_mels {
                 let src = m * self.n_frames + start;
-                out[m * N_FRAMES..m * N_FRAMES + n].copy_from_slice(&self.data[src..src + n]);
+                out[m * frames..m * frames + n].copy_from_slice(&self.data[src..src + n]);
             }
         }
         out

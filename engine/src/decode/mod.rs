@@ -141,6 +141,15 @@ pub trait LogitSource {
     /// Encode one 30 s window of log-mel (`n_mels` rows of 3000 frames, row-major) and
     /// reset the decoder state (KV length 0; cross-attention K/V computed once here).
     fn begin_window(&mut self, mel: &[f32]) -> Result<()>;
+    /// The same for frames `[start, start + len)` of a recording's spectrogram (zero past
+    /// `len`): `begin_window(&mel.window(start, len))`, unless the source does better.
+    /// `fresh`: `mel` is another recording than the last call's (its values may sit where
+    /// the last one's did); GpuWhisper keeps a recording's spectrogram on its device and
+    /// copies its later windows there.
+    fn begin_window_of(&mut self, mel: &crate::audio::mel::LogMel, start: usize, len: usize, fresh: bool) -> Result<()> {
+        let _ = fresh;
+        self.begin_window(&mel.window(start, len))
+    }
     /// Append `tokens` at the next decoder positions (all in one batched pass when there
     /// are several) and return the masked scores at the last of them.
     fn advance(&mut self, tokens: &[u32], rules: &StepRules) -> Result<StepScores>;

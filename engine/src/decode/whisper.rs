@@ -781,7 +781,7 @@ pub fn transcribe(
         let segment_duration = segment_size as f64 * TIME_PER_FRAME;
 
         let t0 = Instant::now();
-        src.begin_window(&mel.window(seek, segment_size))?;
+        src.begin_window_of(mel, seek, segment_size, stats.windows == 0)?;
         stats.encode_time += t0.elapsed();
 
         let prompt = build_prompt(

@@ -211,9 +211,14 @@ impl Kept {
     /// Submit the kept recording's program again after a prologue writing `writes`;
     /// `None` where the program is gone (dropped at the replayer's bound): record anew.
     pub fn submit(&self, gpu: &Gpu, writes: &[(&wgpu::Buffer, u64, &[u8])], profile: Option<&mut Profile>) -> Result<Option<super::Ticket>> {
+        self.submit_with(gpu, writes, &super::Moves::default(), profile)
+    }
+
+    /// The same with `moves`' copies and zero fills in the prologue, after the writes.
+    pub fn submit_with(&self, gpu: &Gpu, writes: &[(&wgpu::Buffer, u64, &[u8])], moves: &super::Moves, profile: Option<&mut Profile>) -> Result<Option<super::Ticket>> {
         #[cfg(target_vendor = "apple")]
         {
-            let _ = (gpu, writes, profile);
+            let _ = (gpu, writes, moves, profile);
             Ok(None)
         }
         #[cfg(not(target_vendor = "apple"))]
@@ -221,7 +226,7 @@ impl Kept {
             if !gpu.replay_available() || !gpu.with_replayer(|r| Ok(r.has(&self.sig)))? {
                 return Ok(None);
             }
-            let ticket = super::replay::submit_recording(gpu, &self.sig, writes)?;
+            let ticket = super::replay::submit_recording(gpu, &self.sig, writes, moves)?;
             gpu.check()?;
             if let Some(profile) = profile {
                 for &(name, stage, cost) in &self.dispatches {
@@ -401,7 +406,7 @@ impl<'g> Recorder<'g> {
                 all.push((buf, 0, &data[..]));
             }
             all.extend_from_slice(writes);
-            let ticket = super::replay::submit_recording(gpu, &sig, &all)?;
+            let ticket = super::replay::submit_recording(gpu, &sig, &all, &super::Moves::default())?;
             gpu.check()?;
             if let Some(profile) = profile {
                 for c in &self.cmds {

@@ -596,8 +596,9 @@ impl Replayer {
 
     /// Submit the program for `sig` after a prologue writing `writes` (buffer, byte offset,
     /// bytes; offsets and lengths multiples of 4): inline, or copied from the entry's staging
-    /// buffer where a write is big (`STAGE_MIN`).
-    pub(crate) fn submit(&mut self, sig: &Signature, writes: &[(vk::Buffer, u64, &[u8])], spin: std::time::Duration) -> Result<Ticket> {
+    /// buffer where a write is big (`STAGE_MIN`); then `moves`' copies between buffers and
+    /// zero fills.
+    pub(crate) fn submit(&mut self, sig: &Signature, writes: &[(vk::Buffer, u64, &[u8])], moves: &RawMoves, spin: std::time::Duration) -> Result<Ticket> {
         let prog = self.programs.get(sig).ok_or_else(|| Error::Invalid("replay: no program for this recording".into()))?;
         let (prog_cmd, last) = (prog.cmd, prog.last);
         if let Some(t) = last {
@@ -606,6 +607,11 @@ impl Replayer {
         for (_, off, data) in writes {
             if off % 4 != 0 || data.len() % 4 != 0 {
                 return Err(Error::Invalid(format!("replay: a write of {} bytes at {off} is not in whole words", data.len())));
+            }
+        }
+        for &(_, off, size) in &moves.zeros {
+            if off % 4 != 0 || size % 4 != 0 {
+                return Err(Error::Invalid(format!("replay: a zero fill of {size} bytes at {off} is not in whole words")));
             }
         }
         let idx = self.next;
@@ -665,6 +671,17 @@ impl Replayer {
             if let Some(src) = staging_buffer {
                 for (dst, region) in &copies {
                     self.raw.cmd_copy_buffer(cmd, src, *dst, std::slice::from_ref(region));
+                }
+            }
+            // (the moves touch other bytes than the writes: callers')
+            for (src, dst, regions) in &moves.copies {
+                if !regions.is_empty() {
+                    self.raw.cmd_copy_buffer(cmd, *src, *dst, regions);
+                }
+            }
+            for &(buf, off, size) in &moves.zeros {
+                if size > 0 {
+                    self.raw.cmd_fill_buffer(cmd, buf, off, size, 0);
                 }
             }
             full_barrier(&self.raw, cmd, vk::PipelineStageFlags::ALL_COMMANDS, ALL_ACCESS);
@@ -796,11 +813,28 @@ impl Drop for Replayer {
     }
 }
 
+/// A prologue's copies between buffers (source, destination, regions) and zero fills
+/// (buffer, byte offset, bytes), on raw buffers.
+#[derive(Default)]
+pub(crate) struct RawMoves {
+    copies: Vec<(vk::Buffer, vk::Buffer, Vec<vk::BufferCopy>)>,
+    zeros: Vec<(vk::Buffer, u64, u64)>,
+}
+
 /// Submit the program built for `sig` after a prologue writing `writes` (wgpu buffers,
-/// byte offsets, bytes).
-pub(crate) fn submit_recording(gpu: &super::Gpu, sig: &Signature, writes: &[(&wgpu::Buffer, u64, &[u8])]) -> Result<Ticket> {
+/// byte offsets, bytes) and running `moves`.
+pub(crate) fn submit_recording(gpu: &super::Gpu, sig: &Signature, writes: &[(&wgpu::Buffer, u64, &[u8])], moves: &super::Moves) -> Result<Ticket> {
     let spin = gpu.spin_wait();
     let raw: Vec<(vk::Buffer, u64, &[u8])> =
         writes.iter().map(|(b, off, data)| Ok((raw_buffer(b)?, *off, *data))).collect::<Result<_>>()?;
-    gpu.with_replayer(|r| r.submit(sig, &raw, spin))
+    let region = |&(src_offset, dst_offset, size): &(u64, u64, u64)| vk::BufferCopy { src_offset, dst_offset, size };
+    let raw_moves = RawMoves {
+        copies: moves
+            .copies
+            .iter()
+            .map(|(src, dst, regions)| Ok((raw_buffer(src)?, raw_buffer(dst)?, regions.iter().map(region).collect())))
+            .collect::<Result<_>>()?,
+        zeros: moves.zeros.iter().map(|(b, off, size)| Ok((raw_buffer(b)?, *off, *size))).collect::<Result<_>>()?,
+    };
+    gpu.with_replayer(|r| r.submit(sig, &raw, &raw_moves, spin))
 }

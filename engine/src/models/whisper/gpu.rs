@@ -35,7 +35,7 @@ use super::checkpoint::Checkpoint;
 use super::ct2::DType;
 use super::Dims;
 use crate::decode::{GreedySteps, LogitSource, Step, StepRules, StepScores, TsState};
-use crate::gpu::{DispatchCache, Encoded, Gpu, Kept, Profile, Recorder, Signature, Ticket};
+use crate::gpu::{DispatchCache, Encoded, Gpu, Kept, Moves, Profile, Recorder, Signature, Ticket};
 use crate::kernels::{
     scores_from_words, select_params, suppress_bitmask, AttentionArgs, Epilogue, F16Matrix, F16Rows, Kernels, NormArgs, QMatrix,
     Rows, SelectParams, SELECT_FLAG_MARK_DONE, SELECT_FLAG_RULES_FROM_STATE, SELECT_FLAG_TRACK_STATE, SELECT_FLAG_TS_OVER_TEXT,
@@ -80,6 +80,11 @@ pub const DECODE_PARTS: [&str; 13] = [
 /// layer of 8 rows in ≈ 0.13 ms while the host records the other layers, ≈ 5 µs a
 /// dispatch; −0.05 ms a verify pass of 8, bench/RESULTS.md 2026-12-01).
 const EARLY_SUBMIT: &[usize] = &[9];
+
+/// Frames of a recording's spectrogram kept on the device at a time for the kept encoder
+/// (`begin_window_of`): 5 minutes, 9.6 MB for 80 mel bands; a longer recording's later
+/// windows put the next 5 minutes up when they reach them.
+const RESIDENT_FRAMES: usize = 30_000;
 
 /// Words of the timestamp state (decode::TsState, padded) after the fed tokens.
 const TS_STATE_WORDS: usize = 4;
@@ -136,6 +141,19 @@ struct PendingStep {
     select_slots: Vec<(Buffer, u64)>,
     /// What it records (`Recorder::signature`), for `retarget_step`.
     sig: Signature,
+}
+
+/// Frames `base..base + span` of a recording's spectrogram on the device, band m from
+/// float `m * span` (`begin_window_of`).
+struct ResidentMel {
+    buf: Buffer,
+    /// Floats the buffer holds.
+    cap: usize,
+    /// Whose frames (the values' address and the recording's frames): None until written,
+    /// and once another recording comes (`fresh`).
+    holds: Option<(usize, usize)>,
+    base: usize,
+    span: usize,
 }
 
 struct Norm {
@@ -335,6 +353,8 @@ pub struct GpuWhisper {
     draft: Option<DraftModel>,
     // Scratch.
     mel: Buffer,
+    /// The part of a recording's spectrogram kept on the device (`begin_window_of`).
+    resident: Option<ResidentMel>,
     enc_x: Buffer,
     enc_xn: Buffer,
     enc_qkv: Buffer,
@@ -395,6 +415,16 @@ pub struct GpuWhisper {
     encoder_kept: Option<Kept>,
     /// Whether a replayed encoder records every window (not kept; see above).
     pub encoder_rerecord: bool,
+    /// Whether the kept encoder takes a recording's windows (`begin_window_of`) from a copy
+    /// of its spectrogram kept on the device: the prologue copies the window into the
+    /// encoder's input, where the host would otherwise cut it out (a 960 KB vector, ~0.06-
+    /// 0.08 ms) and write it through wgpu's staging (~0.06 ms). On unless
+    /// `VERBATIM_ENCODER_RESIDENT=0`; `verbatim bench` times both.
+    pub encoder_resident: bool,
+    /// Frames the kept spectrogram holds at a time: [`RESIDENT_FRAMES`] (tests set fewer).
+    pub resident_frames: usize,
+    /// Windows copied from the kept spectrogram so far (for tests and the bench).
+    pub resident_windows: u64,
     /// Whether a step encoded ahead survives a rollback, to be moved to the new position
     /// by its parameters (`retarget_step`): on unless `VERBATIM_RETARGET=0`; `verbatim
     /// bench` times the step after a rollback both ways.
@@ -804,6 +834,10 @@ impl GpuWhisper {
             windows_encoded: 0,
             encoder_kept: None,
             encoder_rerecord: std::env::var("VERBATIM_ENCODER_RERECORD").is_ok_and(|v| v == "1"),
+            encoder_resident: std::env::var("VERBATIM_ENCODER_RESIDENT").map_or(true, |v| v != "0"),
+            resident_frames: RESIDENT_FRAMES,
+            resident_windows: 0,
+            resident: None,
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             batch_encoded_first: false,
             replay: true,
@@ -1017,6 +1051,97 @@ impl GpuWhisper {
 
     /// A window's host split into `encoder_host`: the mel's upload, recording and
     /// submission, the wait (until now).
+    /// The kept encoder over frames `[start, start + len)` of `mel` (zero past them). Where
+    /// the spectrogram kept on the device holds those frames, the replay's prologue copies
+    /// them into the encoder's input; where it does not, the window's rows go straight into
+    /// wgpu's staging for the input (no window cut out on the host), and once the encoder
+    /// is submitted the next [`RESIDENT_FRAMES`] from `start` are put up while the GPU runs
+    /// it (the host's copy hidden; wgpu's transfer queued behind the encoder). False where
+    /// the kept program is gone: the caller encodes the window the other way.
+    fn encode_resident(&mut self, mel: &crate::audio::mel::LogMel, start: usize, len: usize) -> Result<bool> {
+        let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
+        let n = len.min(frames).min(mel.n_frames.saturating_sub(start));
+        let t_start = std::time::Instant::now();
+        let g = self.gpu.clone();
+        let id = (mel.data.as_ptr() as usize, mel.n_frames);
+        let held = |r: &ResidentMel| r.holds == Some(id) && start >= r.base && start + n <= r.base + r.span;
+        let hit = n == 0 || self.resident.as_ref().is_some_and(held);
+        if !hit {
+            let size = wgpu::BufferSize::new((nm * frames * 4) as u64).ok_or_else(|| Error::Gpu("an empty mel window".into()))?;
+            let mut view = g
+                .queue
+                .write_buffer_with(&self.mel, 0, size)
+                .ok_or_else(|| Error::Gpu("the mel window's upload could not be staged".into()))?;
+            let zeros = vec![0u8; (frames - n) * 4];
+            for m in 0..nm {
+                let row = m * frames * 4;
+                view.slice(row..row + n * 4).copy_from_slice(bytemuck::cast_slice(&mel.data[m * mel.n_frames + start..][..n]));
+                view.slice(row + n * 4..row + frames * 4).copy_from_slice(&zeros);
+            }
+            drop(view);
+            // The queued write lands with wgpu's next submission, before the replay's.
+            g.queue.submit([]);
+        }
+        let t_mel = std::time::Instant::now();
+        let Some(kept) = self.encoder_kept.as_ref() else {
+            return Ok(false);
+        };
+        let fr = frames as u64;
+        let mut moves = Moves::default();
+        if let Some(r) = self.resident.as_ref().filter(|_| hit && n > 0) {
+            let regions = (0..nm).map(|m| (((m * r.span + start - r.base) * 4) as u64, m as u64 * fr * 4, n as u64 * 4)).collect();
+            moves.copies.push((&r.buf, &self.mel, regions));
+        }
+        let n64 = n as u64;
+        if hit && n64 < fr {
+            moves.zeros = (0..nm as u64).map(|m| (&self.mel, (m * fr + n64) * 4, (fr - n64) * 4)).collect();
+        }
+        let Some(t) = kept.submit_with(&g, &[], &moves, Some(&mut self.profile))? else {
+            self.encoder_kept = None;
+            return Ok(false);
+        };
+        let t_submitted = std::time::Instant::now();
+        if !hit {
+            // While the GPU encodes: the frames from here on, for the windows after this.
+            self.put_up_resident(mel, start)?;
+        }
+        self.gpu.replay_wait(t)?;
+        self.add_encoder_host(t_start, t_mel, t_submitted);
+        self.windows_encoded += 1;
+        self.resident_windows += u64::from(hit);
+        Ok(true)
+    }
+
+    /// Frames `start..` (at most `resident_frames`) of `mel` into the resident spectrogram,
+    /// queued and submitted through wgpu (behind what is already submitted).
+    fn put_up_resident(&mut self, mel: &crate::audio::mel::LogMel, start: usize) -> Result<()> {
+        let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
+        let span = mel.n_frames.saturating_sub(start).min(self.resident_frames.max(frames));
+        let Some(size) = wgpu::BufferSize::new((nm * span * 4) as u64) else {
+            return Ok(());
+        };
+        let g = self.gpu.clone();
+        if self.resident.as_ref().is_none_or(|r| r.cap < nm * span) {
+            self.resident = None;
+            let buf = g.buffer("mel (resident)", size.get())?;
+            self.resident = Some(ResidentMel { buf, cap: nm * span, holds: None, base: 0, span: 0 });
+        }
+        let r = self.resident.as_mut().ok_or_else(|| Error::Gpu("no resident spectrogram".into()))?;
+        r.holds = None;
+        let mut view = g
+            .queue
+            .write_buffer_with(&r.buf, 0, size)
+            .ok_or_else(|| Error::Gpu("the spectrogram's upload could not be staged".into()))?;
+        for m in 0..nm {
+            view.slice(m * span * 4..(m + 1) * span * 4).copy_from_slice(bytemuck::cast_slice(&mel.data[m * mel.n_frames + start..][..span]));
+        }
+        drop(view);
+        g.queue.submit([]);
+        g.check()?;
+        (r.holds, r.base, r.span) = (Some((mel.data.as_ptr() as usize, mel.n_frames)), start, span);
+        Ok(())
+    }
+
     fn add_encoder_host(&mut self, t_start: std::time::Instant, t_mel: std::time::Instant, t_submitted: std::time::Instant) {
         let h = &mut self.encoder_host;
         h.0 += (t_mel - t_start).as_secs_f64();
@@ -1697,6 +1822,34 @@ impl GpuWhisper {
 }
 
 impl LogitSource for GpuWhisper {
+    fn begin_window_of(&mut self, mel: &crate::audio::mel::LogMel, start: usize, len: usize, fresh: bool) -> Result<()> {
+        let frames = 2 * self.dims.audio_ctx;
+        if fresh {
+            if let Some(r) = self.resident.as_mut() {
+                r.holds = None;
+            }
+        }
+        let kept = self.encoder_resident
+            && self.encoder_replay
+            && !self.encoder_rerecord
+            && self.encoder_kept.is_some()
+            && self.windows_encoded > 0
+            && self.replaying();
+        if kept && mel.n_mels == self.dims.n_mels && mel.data.len() == mel.n_mels * mel.n_frames {
+            self.window_ready = false;
+            self.pending = None;
+            if let Some(d) = self.draft.as_mut() {
+                d.fed.clear();
+            }
+            if self.encode_resident(mel, start, len.min(frames))? {
+                self.kv_len = 0;
+                self.window_ready = true;
+                return Ok(());
+            }
+        }
+        self.begin_window(&mel.window_frames(start, len, frames))
+    }
+
     fn begin_window(&mut self, mel: &[f32]) -> Result<()> {
         // 3000 frames for every real Whisper (audio_ctx 1500); small test models take fewer.
         let want = self.dims.n_mels * 2 * self.dims.audio_ctx;
