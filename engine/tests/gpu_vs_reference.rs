@@ -548,6 +548,7 @@ fn encoder_windows_of_a_recording_equal_windows_cut_out() {
     ];
     let g = &mut p.gpu;
     g.resident_frames = 5 * frames / 2;
+    g.encoder_resident = true;
     let mut hits = 0;
     for round in 0..2 {
         if round == 1 {

@@ -400,11 +400,13 @@ pub struct GpuWhisper {
     /// the first window: its program is built on that replay's first use (the kernels'
     /// raw pipelines compiled), which a file of one window would pay for nothing.
     pub encoder_replay: bool,
-    /// Where a replayed encoder's mel goes up: through wgpu's staging and an empty
-    /// submission before the replay (the default), or in the replay's prologue
-    /// (`VERBATIM_ENCODER_MEL=prologue`: copied from the replay's own staging buffer; as
-    /// `vkCmdUpdateBuffer`s it cost the H100 ~0.2 ms more a tiny.en window for its 960 KB;
-    /// `verbatim bench` times both).
+    /// Where a replayed encoder's mel goes up: in the replay's prologue, copied from the
+    /// replay's own staging buffer in device-local host-visible memory (the default), or
+    /// through wgpu's staging and an empty submission before the replay
+    /// (`VERBATIM_ENCODER_MEL=wgpu`). H100, alternated in one process: tiny.en 1.375-1.447
+    /// against 1.389-1.500 ms a window, small.en 9.39 both (RESULTS.md 2026-12-07, twenty-
+    /// second session); from host memory the prologue's copy was 0.05 ms slower than wgpu's,
+    /// and as `vkCmdUpdateBuffer`s ~0.2 ms. `verbatim bench` times both.
     pub encoder_mel_prologue: bool,
     /// Windows encoded so far (`encoder_replay` waits for the second).
     windows_encoded: u64,
@@ -418,8 +420,12 @@ pub struct GpuWhisper {
     /// Whether the kept encoder takes a recording's windows (`begin_window_of`) from a copy
     /// of its spectrogram kept on the device: the prologue copies the window into the
     /// encoder's input, where the host would otherwise cut it out (a 960 KB vector, ~0.06-
-    /// 0.08 ms) and write it through wgpu's staging (~0.06 ms). On unless
-    /// `VERBATIM_ENCODER_RESIDENT=0`; `verbatim bench` times both.
+    /// 0.08 ms) and write it. Off unless `VERBATIM_ENCODER_RESIDENT=1`: on an H100 a window
+    /// over a file cost 1.46-1.54 ms (tiny.en) against 1.39-1.45 written from the host
+    /// (which does not count the cut), small.en 9.43-9.47 against 9.39-9.49: putting up 5
+    /// minutes (9.6 MB through wgpu's staging, the host's copy and the bus transfer) costs
+    /// more than the ten windows it serves save (RESULTS.md 2026-12-07, twenty-second
+    /// session). `verbatim bench` times it.
     pub encoder_resident: bool,
     /// Frames the kept spectrogram holds at a time: [`RESIDENT_FRAMES`] (tests set fewer).
     pub resident_frames: usize,
@@ -830,11 +836,11 @@ impl GpuWhisper {
                 .unwrap_or_else(|| EARLY_SUBMIT.to_vec()),
             encoder_parts: std::env::var("VERBATIM_ENCODER_EARLY").map_or(true, |v| v != "0"),
             encoder_replay: std::env::var("VERBATIM_ENCODER_REPLAY").map_or(true, |v| v != "0"),
-            encoder_mel_prologue: std::env::var("VERBATIM_ENCODER_MEL").is_ok_and(|v| v == "prologue"),
+            encoder_mel_prologue: std::env::var("VERBATIM_ENCODER_MEL").map_or(true, |v| v != "wgpu"),
             windows_encoded: 0,
             encoder_kept: None,
             encoder_rerecord: std::env::var("VERBATIM_ENCODER_RERECORD").is_ok_and(|v| v == "1"),
-            encoder_resident: std::env::var("VERBATIM_ENCODER_RESIDENT").map_or(true, |v| v != "0"),
+            encoder_resident: std::env::var("VERBATIM_ENCODER_RESIDENT").is_ok_and(|v| v == "1"),
             resident_frames: RESIDENT_FRAMES,
             resident_windows: 0,
             resident: None,
