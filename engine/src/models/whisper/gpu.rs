@@ -1148,6 +1148,15 @@ impl GpuWhisper {
         Ok(())
     }
 
+    /// Forget the last window's decoder state before a new window is encoded.
+    fn leave_window(&mut self) {
+        self.window_ready = false;
+        self.pending = None;
+        if let Some(d) = self.draft.as_mut() {
+            d.fed.clear(); // its K|V were over the last window's cross-attention
+        }
+    }
+
     fn add_encoder_host(&mut self, t_start: std::time::Instant, t_mel: std::time::Instant, t_submitted: std::time::Instant) {
         let h = &mut self.encoder_host;
         h.0 += (t_mel - t_start).as_secs_f64();
@@ -1842,11 +1851,7 @@ impl LogitSource for GpuWhisper {
             && self.windows_encoded > 0
             && self.replaying();
         if kept && mel.n_mels == self.dims.n_mels && mel.data.len() == mel.n_mels * mel.n_frames {
-            self.window_ready = false;
-            self.pending = None;
-            if let Some(d) = self.draft.as_mut() {
-                d.fed.clear();
-            }
+            self.leave_window();
             if self.encode_resident(mel, start, len.min(frames))? {
                 self.kv_len = 0;
                 self.window_ready = true;
@@ -1862,11 +1867,7 @@ impl LogitSource for GpuWhisper {
         if mel.len() != want {
             return Err(Error::Invalid(format!("a window of {} mel values; the encoder takes {want}", mel.len())));
         }
-        self.window_ready = false;
-        self.pending = None;
-        if let Some(d) = self.draft.as_mut() {
-            d.fed.clear(); // its K|V were over the last window's cross-attention
-        }
+        self.leave_window();
         self.encode(mel)?;
         self.kv_len = 0;
         self.window_ready = true;
