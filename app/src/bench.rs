@@ -292,14 +292,17 @@ fn bench(args: &Args) -> Result<(), String> {
     // processes). Each mode's first window is not timed (a replay's program is built then).
     let (parts, replay, mel_prologue, rerecord) = (model.encoder_parts, model.encoder_replay, model.encoder_mel_prologue, model.encoder_rerecord);
     let replays = replay && gpu.replay_available();
-    let (mut enc, mut enc_whole, mut enc_wgpu, mut enc_mel, mut enc_rec, mut enc_res) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut enc, mut enc_whole, mut enc_wgpu, mut enc_mel, mut enc_rec, mut enc_res, mut enc_cut) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // The host's split of each mode's fastest batch: mel upload, recording + submission, wait.
-    let mut enc_split = [(f64::INFINITY, (0.0, 0.0, 0.0)); 6];
+    let mut enc_split = [(f64::INFINITY, (0.0, 0.0, 0.0)); 7];
     // Mode 5: a recording's windows as a long file's run (`begin_window_of`): a 31000-frame
     // spectrogram (the window tiled), ten windows a batch from its start, 2800 frames apart
     // (a window's seek moves ~28 s), each batch a fresh recording. The kept part of the
     // spectrogram (RESIDENT_FRAMES, 30000) holds ten such windows, so each batch has the
     // one window that puts it up: the mean of a batch is what a window costs over a file.
+    // Mode 6: the same windows cut out on the host and encoded as mode 0 does (what the
+    // decode loop does with the kept spectrogram off), the cut timed with them.
     let (rec_frames, rec_windows, rec_step) = (31_000usize, 10usize, 2800usize);
     let window_frames = mel.len() / dims.n_mels;
     let recording = engine::audio::mel::LogMel {
@@ -309,31 +312,33 @@ fn bench(args: &Args) -> Result<(), String> {
     };
     let resident = model.encoder_resident;
     for b in 0..=batches {
-        for mode in 0..6 {
+        for mode in 0..7 {
             // 0 shipped, 1 whole, 2 parts through wgpu, 3 replayed with the mel the other
             // way, 4 replayed with the recording kept the other way (each window recorded
-            // or the program submitted again unrecorded)
-            let mode = (mode + b) % 6;
+            // or the program submitted again unrecorded), 5 and 6 a recording's windows
+            // with the kept spectrogram on and off
+            let mode = (mode + b) % 7;
             if mode >= 2 && !replays {
                 continue;
             }
             model.encoder_parts = parts && mode != 1;
-            model.encoder_replay = replay && (mode == 0 || mode == 3 || mode == 4 || mode == 5);
+            model.encoder_replay = replay && (mode == 0 || mode >= 3);
             model.encoder_mel_prologue = mel_prologue != (mode == 3);
             model.encoder_rerecord = rerecord != (mode == 4);
             model.encoder_resident = mode == 5;
             model.encoder_host = (0.0, 0.0, 0.0, 0);
             let t = Instant::now();
-            let reps = if mode == 5 { rec_windows } else { 3 };
+            let reps = if mode >= 5 { rec_windows } else { 3 };
             for i in 0..reps {
                 match mode {
                     5 => model.begin_window_of(&recording, i * rec_step, window_frames, i == 0).map_err(err)?,
+                    6 => model.begin_window(&recording.window_frames(i * rec_step, window_frames, window_frames)).map_err(err)?,
                     _ => model.begin_window(&mel).map_err(err)?,
                 }
             }
             let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
             if b > 0 {
-                [&mut enc, &mut enc_whole, &mut enc_wgpu, &mut enc_mel, &mut enc_rec, &mut enc_res][mode].push(ms);
+                [&mut enc, &mut enc_whole, &mut enc_wgpu, &mut enc_mel, &mut enc_rec, &mut enc_res, &mut enc_cut][mode].push(ms);
                 let (m, r, w, n) = model.encoder_host;
                 let per = |x: f64| x * 1e3 / n.max(1) as f64;
                 if ms < enc_split[mode].0 {
@@ -347,6 +352,7 @@ fn bench(args: &Args) -> Result<(), String> {
     model.encoder_mel_prologue = mel_prologue;
     model.encoder_rerecord = rerecord;
     model.encoder_resident = resident;
+    let resident_memory = if model.resident_device_local() { "device-local" } else { "host memory" };
 
     // Prefill (4 and 64 positions from 0) and forced decode steps.
     let steps = args.steps.min(dims.text_ctx - 4);
@@ -718,8 +724,19 @@ fn bench(args: &Args) -> Result<(), String> {
         if !rerecord {
             let es = stat(&enc_res);
             println!(
-                "| encoder over a recording's windows (begin_window_of), ms per window | {:.3} | {:.2} | the kept encoder; windows copied on the GPU from the spectrogram kept there, 1 in {rec_windows} putting up the next 5 min (the mean of {rec_windows} windows {rec_step} frames apart, alternated with the rows around it); {} |",
-                es.min, es.spread, split(5)
+                "| encoder over a recording's windows (begin_window_of), ms per window | {:.3} | {:.2} | the kept encoder; windows copied by the prologue from the spectrogram kept in a host buffer ({}), 1 in {rec_windows} writing the next 5 min (the mean of {rec_windows} windows {rec_step} frames apart, alternated with the rows around it); {} |",
+                es.min,
+                es.spread,
+                resident_memory,
+                split(5)
+            );
+            let ec = stat(&enc_cut);
+            println!(
+                "| the same windows cut out on the host, ms per window | {:.3} | {:.2} | each window a {} KB vector, then as the first row; {} |",
+                ec.min,
+                ec.spread,
+                mel.len() * 4 / 1000,
+                split(6)
             );
         }
     }

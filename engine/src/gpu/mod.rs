@@ -34,8 +34,34 @@ pub use recorder::{CmdSig, Cost, DispatchCache, Encoded, Kept, KernelStat, Profi
 pub struct Moves<'a> {
     /// Source, destination, regions (source offset, destination offset, bytes).
     pub copies: Vec<(&'a wgpu::Buffer, &'a wgpu::Buffer, Vec<(u64, u64, u64)>)>,
+    /// Copies from host buffers ([`Gpu::host_buffer`]): source, destination, regions.
+    pub host_copies: Vec<(&'a HostBuffer, &'a wgpu::Buffer, Vec<(u64, u64, u64)>)>,
     /// Buffer, byte offset, bytes set to zero (offsets and sizes multiples of 4).
     pub zeros: Vec<(&'a wgpu::Buffer, u64, u64)>,
+}
+
+/// A buffer the host writes straight into its mapping ([`Gpu::write_host`]) and a kept
+/// replay's prologue copies from ([`Moves::host_copies`]): device-local, host-visible
+/// memory (the BAR) where the device offers it, so that the host's writes cross the bus
+/// once, whenever the host has time, and the prologue's copy stays in video memory. Made
+/// by the replayer (Vulkan only); freed by [`Gpu::free_host_buffer`], or with the device.
+#[derive(Debug)]
+pub struct HostBuffer {
+    id: u64,
+    size: u64,
+    device_local: bool,
+}
+
+impl HostBuffer {
+    /// Its size in bytes (the asked size rounded up).
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether it lies in device-local memory.
+    pub fn device_local(&self) -> bool {
+        self.device_local
+    }
 }
 
 use std::collections::HashMap;
@@ -758,6 +784,50 @@ impl Gpu {
         {
             let _ = t;
             Err(Error::Unsupported("replays need Vulkan".into()))
+        }
+    }
+
+    /// A [`HostBuffer`] of at least `bytes` bytes, zeroed. An error where nothing is
+    /// replayed (not a Vulkan device the engine opened) or the memory is not there.
+    pub fn host_buffer(&self, bytes: u64) -> Result<HostBuffer> {
+        #[cfg(not(target_vendor = "apple"))]
+        {
+            let (id, size, device_local) = self.with_replayer(|r| r.make_host(bytes))?;
+            Ok(HostBuffer { id, size, device_local })
+        }
+        #[cfg(target_vendor = "apple")]
+        {
+            let _ = bytes;
+            Err(Error::Unsupported("host buffers need Vulkan".into()))
+        }
+    }
+
+    /// Write each `(byte offset, bytes)` of `writes` into `b`'s mapping, in bounds (else an
+    /// error, before any is written). The GPU sees them from the next submission on; bytes a
+    /// submission in flight may still copy are the caller's to leave alone until it is done.
+    pub fn write_host(&self, b: &HostBuffer, writes: &[(u64, &[u8])]) -> Result<()> {
+        if let Some((off, data)) = writes.iter().find(|(off, data)| off.checked_add(data.len() as u64).is_none_or(|end| end > b.size)) {
+            return Err(Error::Invalid(format!("a write of {} bytes at {off} past a host buffer's {} bytes", data.len(), b.size)));
+        }
+        #[cfg(not(target_vendor = "apple"))]
+        {
+            self.with_replayer(|r| writes.iter().try_for_each(|(off, data)| r.write_host(b.id, *off, data)))
+        }
+        #[cfg(target_vendor = "apple")]
+        Err(Error::Unsupported("host buffers need Vulkan".into()))
+    }
+
+    /// Free `b`, once every replay submission that may copy from it has finished.
+    pub fn free_host_buffer(&self, b: HostBuffer) -> Result<()> {
+        #[cfg(not(target_vendor = "apple"))]
+        {
+            let spin = self.spin_wait();
+            self.with_replayer(|r| r.free_host(b.id, spin))
+        }
+        #[cfg(target_vendor = "apple")]
+        {
+            let _ = b;
+            Ok(())
         }
     }
 

@@ -85,6 +85,8 @@ struct Staging {
     memory: vk::DeviceMemory,
     ptr: std::ptr::NonNull<u8>,
     size: u64,
+    /// In device-local memory (the BAR), where the device's reads stay in video memory.
+    device_local: bool,
 }
 
 // SAFETY: the mapping is written only through `&mut Replayer` (`Gpu` keeps it behind a
@@ -129,6 +131,8 @@ pub(crate) struct Replayer {
     memory_types: Vec<vk::MemoryType>,
     /// `MAX_PROGRAMS`, or less in a test.
     max_programs: usize,
+    /// Buffers the host writes and prologues copy from (`Gpu::host_buffer`), by id.
+    host: HashMap<u64, Staging>,
 }
 
 fn vk_err(what: &str, e: vk::Result) -> Error {
@@ -226,6 +230,7 @@ impl Replayer {
             subgroups,
             memory_types,
             max_programs: MAX_PROGRAMS,
+            host: HashMap::new(),
         };
         let cmds = r.alloc_cmds(ENTRIES as u32)?;
         for cmd in cmds {
@@ -614,6 +619,14 @@ impl Replayer {
                 return Err(Error::Invalid(format!("replay: a zero fill of {size} bytes at {off} is not in whole words")));
             }
         }
+        let mut host_copies: Vec<(vk::Buffer, vk::Buffer, &[vk::BufferCopy])> = Vec::with_capacity(moves.host_copies.len());
+        for (id, dst, regions) in &moves.host_copies {
+            let src = self.host.get(id).ok_or_else(|| Error::Invalid("replay: a copy from a host buffer that is gone".into()))?;
+            if let Some(r) = regions.iter().find(|r| r.src_offset.checked_add(r.size).is_none_or(|end| end > src.size)) {
+                return Err(Error::Invalid(format!("replay: a copy of {} bytes at {} past a host buffer's {} bytes", r.size, r.src_offset, src.size)));
+            }
+            host_copies.push((src.buffer, *dst, regions));
+        }
         let idx = self.next;
         self.next = (self.next + 1) % ENTRIES;
         if self.entries[idx].busy {
@@ -677,6 +690,11 @@ impl Replayer {
             for (src, dst, regions) in &moves.copies {
                 if !regions.is_empty() {
                     self.raw.cmd_copy_buffer(cmd, *src, *dst, regions);
+                }
+            }
+            for &(src, dst, regions) in &host_copies {
+                if !regions.is_empty() {
+                    self.raw.cmd_copy_buffer(cmd, src, dst, regions);
                 }
             }
             for &(buf, off, size) in &moves.zeros {
@@ -745,7 +763,8 @@ impl Replayer {
                 Ok(Some(ptr)) => {
                     // Touch every page now, not in a window's copy.
                     std::ptr::write_bytes(ptr.as_ptr(), 0, size as usize);
-                    Ok(Staging { buffer, memory, ptr, size })
+                    let device_local = self.memory_types[ty].property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL);
+                    Ok(Staging { buffer, memory, ptr, size, device_local })
                 }
                 other => {
                     self.raw.destroy_buffer(buffer, None);
@@ -765,6 +784,47 @@ impl Replayer {
             self.raw.destroy_buffer(s.buffer, None);
             self.raw.free_memory(s.memory, None);
         }
+    }
+
+    /// A host buffer of at least `size` bytes (`Gpu::host_buffer`): its id, size and
+    /// whether it is device-local.
+    pub(crate) fn make_host(&mut self, size: u64) -> Result<(u64, u64, bool)> {
+        let s = self.make_staging(size.max(1))?;
+        // Ids unique in the process: another device's host buffer is not found here.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (size, local) = (s.size, s.device_local);
+        self.host.insert(id, s);
+        Ok((id, size, local))
+    }
+
+    /// Write `data` into host buffer `id` at byte `off` (in bounds; any GPU read of these
+    /// bytes in flight is the caller's to have waited for).
+    pub(crate) fn write_host(&mut self, id: u64, off: u64, data: &[u8]) -> Result<()> {
+        let s = self.host.get(&id).ok_or_else(|| Error::Invalid("a write into a host buffer that is gone".into()))?;
+        if off.checked_add(data.len() as u64).is_none_or(|end| end > s.size) {
+            return Err(Error::Invalid(format!("a write of {} bytes at {off} past a host buffer's {} bytes", data.len(), s.size)));
+        }
+        // SAFETY: in bounds (checked); the mapping lives as long as the entry in `host`, and
+        // `&mut self` is the only writer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), s.ptr.as_ptr().add(off as usize), data.len()) };
+        Ok(())
+    }
+
+    /// Destroy host buffer `id` once no prologue that may copy from it is in flight.
+    pub(crate) fn free_host(&mut self, id: u64, spin: std::time::Duration) -> Result<()> {
+        if !self.host.contains_key(&id) {
+            return Ok(());
+        }
+        for i in 0..self.entries.len() {
+            if self.entries[i].busy {
+                self.wait(Ticket { entry: i, serial: self.entries[i].serial }, spin)?;
+            }
+        }
+        if let Some(s) = self.host.remove(&id) {
+            self.destroy_staging(s);
+        }
+        Ok(())
     }
 
     /// Wait for `t`'s submission: its fence polled for `spin`, then waited on.
@@ -805,7 +865,8 @@ impl Drop for Replayer {
             for e in &self.entries {
                 self.raw.destroy_fence(e.fence, None);
             }
-            let staging: Vec<Staging> = self.entries.iter_mut().filter_map(|e| e.staging.take()).collect();
+            let mut staging: Vec<Staging> = self.entries.iter_mut().filter_map(|e| e.staging.take()).collect();
+            staging.extend(self.host.drain().map(|(_, s)| s));
             for s in staging {
                 self.destroy_staging(s);
             }
@@ -825,6 +886,8 @@ impl Drop for Replayer {
 #[derive(Default)]
 pub(crate) struct RawMoves {
     copies: Vec<(vk::Buffer, vk::Buffer, Vec<vk::BufferCopy>)>,
+    /// Copies from host buffers (their ids, resolved by the replayer) to raw buffers.
+    host_copies: Vec<(u64, vk::Buffer, Vec<vk::BufferCopy>)>,
     zeros: Vec<(vk::Buffer, u64, u64)>,
 }
 
@@ -832,6 +895,29 @@ pub(crate) struct RawMoves {
 /// byte offsets, bytes) and running `moves`.
 pub(crate) fn submit_recording(gpu: &super::Gpu, sig: &Signature, writes: &[(&wgpu::Buffer, u64, &[u8])], moves: &super::Moves) -> Result<Ticket> {
     let spin = gpu.spin_wait();
+    // Every range inside its buffer: a raw copy or fill past the end is the driver's
+    // undefined behaviour, where wgpu would have refused it.
+    let inside = |b: &wgpu::Buffer, off: u64, len: u64, what: &str| match off.checked_add(len) {
+        Some(end) if end <= b.size() => Ok(()),
+        _ => Err(Error::Invalid(format!("replay: {what} of {len} bytes at {off} past a buffer's {} bytes", b.size()))),
+    };
+    for (b, off, data) in writes {
+        inside(b, *off, data.len() as u64, "a write")?;
+    }
+    for (src, dst, regions) in &moves.copies {
+        for &(s, d, n) in regions {
+            inside(src, s, n, "a copy's source")?;
+            inside(dst, d, n, "a copy's destination")?;
+        }
+    }
+    for (_, dst, regions) in &moves.host_copies {
+        for &(_, d, n) in regions {
+            inside(dst, d, n, "a host copy's destination")?;
+        }
+    }
+    for (b, off, size) in &moves.zeros {
+        inside(b, *off, *size, "a zero fill")?;
+    }
     let raw: Vec<(vk::Buffer, u64, &[u8])> =
         writes.iter().map(|(b, off, data)| Ok((raw_buffer(b)?, *off, *data))).collect::<Result<_>>()?;
     let region = |&(src_offset, dst_offset, size): &(u64, u64, u64)| vk::BufferCopy { src_offset, dst_offset, size };
@@ -840,6 +926,11 @@ pub(crate) fn submit_recording(gpu: &super::Gpu, sig: &Signature, writes: &[(&wg
             .copies
             .iter()
             .map(|(src, dst, regions)| Ok((raw_buffer(src)?, raw_buffer(dst)?, regions.iter().map(region).collect())))
+            .collect::<Result<_>>()?,
+        host_copies: moves
+            .host_copies
+            .iter()
+            .map(|(src, dst, regions)| Ok((src.id, raw_buffer(dst)?, regions.iter().map(region).collect())))
             .collect::<Result<_>>()?,
         zeros: moves.zeros.iter().map(|(b, off, size)| Ok((raw_buffer(b)?, *off, *size))).collect::<Result<_>>()?,
     };

@@ -2750,6 +2750,103 @@ fn kept_replay_resubmits_until_its_program_is_dropped() {
     assert!(g.read_f32(&dst, 0, 6 * 7).unwrap().iter().all(|v| v.is_nan()), "nothing submitted for a dropped program");
 }
 
+/// A kept replay's prologue moves (`Kept::submit_with`): copies from a host buffer the host
+/// wrote (`Gpu::write_host`), from rows of another wgpu buffer, and zero fills, all before
+/// the program reads what they wrote; rounds of fresh values, the source and output
+/// poisoned first. Ranges a raw command would take past a buffer's end, fills and writes
+/// not in whole words, and a host buffer of another device are refused before anything
+/// is submitted, and the replay still runs after them.
+#[test]
+fn kept_replay_moves_from_host_buffers_and_refuses_bad_ranges() {
+    let ga = crate::testgpu::gpu_arc();
+    let g = &*ga;
+    if !g.replay_available() {
+        return;
+    }
+    let kern = Kernels::load(g).unwrap();
+    let mut rng = rng("replay moves");
+    let (rows, width) = (6usize, 7usize);
+    let words = rows * width; // 42
+    let src = g.upload_f32("src", &vec![0.0; words]).unwrap();
+    let other = g.upload_f32("other", &vec![0.0; 16]).unwrap();
+    let dst = g.buffer("dst", 4 * words as u64).unwrap();
+    let mut cache = crate::gpu::DispatchCache::default();
+    let poison = |g: &crate::gpu::Gpu| {
+        g.write(&src, 0, bytemuck::cast_slice(&vec![f32::NAN; words]));
+        g.write(&dst, 0, bytemuck::cast_slice(&vec![f32::NAN; words]));
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+    };
+    let values = |rng: &mut StdRng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-2.0f32..2.0) + 3.0).collect() };
+    // Built through wgpu, then replayed and kept.
+    let mut kept = None;
+    for round in 0..2 {
+        poison(g);
+        let data = values(&mut rng, words);
+        let mut rec = g.recorder_cached(&mut cache);
+        kern.copy_rows(&mut rec, Rows::new(&src, width), Rows::new(&dst, width), rows as u32, width as u32).unwrap();
+        let (t, k) = rec.replay_kept(&[(&src, 0, bytemuck::cast_slice(&data))], None).unwrap();
+        if let Some(t) = t {
+            g.replay_wait(t).unwrap();
+        }
+        assert_eq!(g.read_f32(&dst, 0, words).unwrap(), data, "round {round}");
+        kept = Some(k);
+    }
+    let kept = kept.unwrap();
+    let hb = g.host_buffer(4 * 100).unwrap();
+    assert!(hb.size() >= 400, "{} bytes", hb.size());
+    // src words 0..20 from host words 3..23, 20..31 from host words 60..71, 31..35 from
+    // `other` words 5..9, 35..42 zero.
+    let moves = crate::gpu::Moves {
+        host_copies: vec![(&hb, &src, vec![(4 * 3, 0, 4 * 20), (4 * 60, 4 * 20, 4 * 11)])],
+        copies: vec![(&other, &src, vec![(4 * 5, 4 * 31, 4 * 4)])],
+        zeros: vec![(&src, 4 * 35, 4 * 7)],
+    };
+    let run = |g: &crate::gpu::Gpu, rng: &mut StdRng, what: &str| {
+        poison(g);
+        let host = values(rng, 100);
+        let oth = values(rng, 16);
+        g.write(&other, 0, bytemuck::cast_slice(&oth));
+        g.queue.submit(std::iter::empty::<wgpu::CommandBuffer>());
+        g.wait().unwrap();
+        // in two writes, the second at an odd word
+        g.write_host(&hb, &[(0, bytemuck::cast_slice(&host[..47])), (4 * 47, bytemuck::cast_slice(&host[47..]))]).unwrap();
+        let t = kept.submit_with(g, &[], &moves, None).unwrap().expect("the program is there");
+        g.replay_wait(t).unwrap();
+        let want: Vec<f32> = host[3..23].iter().chain(&host[60..71]).chain(&oth[5..9]).copied().chain(std::iter::repeat_n(0.0, 7)).collect();
+        assert_eq!(g.read_f32(&dst, 0, words).unwrap(), want, "{what}");
+    };
+    for round in 0..3 {
+        run(g, &mut rng, &format!("moves, round {round}"));
+    }
+    // Refused, nothing submitted: each case leaves the poisoned output as it was.
+    let other_gpu = crate::gpu::Gpu::new(&Default::default()).unwrap();
+    let foreign = other_gpu.host_buffer(400).unwrap();
+    let end = hb.size();
+    let cases: Vec<(&str, crate::gpu::Moves, Vec<(&wgpu::Buffer, u64, &[u8])>)> = vec![
+        ("a zero fill at a byte offset", crate::gpu::Moves { zeros: vec![(&src, 2, 4)], ..Default::default() }, vec![]),
+        ("a zero fill of part of a word", crate::gpu::Moves { zeros: vec![(&src, 4, 6)], ..Default::default() }, vec![]),
+        ("a zero fill past the end", crate::gpu::Moves { zeros: vec![(&src, 4 * 40, 4 * 3)], ..Default::default() }, vec![]),
+        ("a write of part of a word", Default::default(), vec![(&src, 0, &[1u8, 2, 3, 4, 5, 6][..])]),
+        ("a write past the end", Default::default(), vec![(&src, 4 * 41, &[0u8; 8][..])]),
+        ("a host copy past the host buffer", crate::gpu::Moves { host_copies: vec![(&hb, &src, vec![(end - 4, 0, 8)])], ..Default::default() }, vec![]),
+        ("a host copy past the destination", crate::gpu::Moves { host_copies: vec![(&hb, &src, vec![(0, 4 * 40, 12)])], ..Default::default() }, vec![]),
+        ("a copy past its source", crate::gpu::Moves { copies: vec![(&other, &src, vec![(4 * 14, 0, 12)])], ..Default::default() }, vec![]),
+        ("another device's host buffer", crate::gpu::Moves { host_copies: vec![(&foreign, &src, vec![(0, 0, 4)])], ..Default::default() }, vec![]),
+    ];
+    for (what, mv, writes) in &cases {
+        poison(g);
+        assert!(kept.submit_with(g, writes, mv, None).is_err(), "{what}: refused");
+        assert!(g.read_f32(&dst, 0, words).unwrap().iter().all(|v| v.is_nan()), "{what}: nothing ran");
+        assert!(g.read_f32(&src, 0, words).unwrap().iter().all(|v| v.is_nan()), "{what}: nothing written");
+    }
+    assert!(g.write_host(&hb, &[(0, &[0u8; 4][..]), (end - 4, &[0u8; 8][..])]).is_err(), "a host write past the end");
+    assert!(g.write_host(&foreign, &[(0, &[0u8; 4][..])]).is_err(), "a host write into another device's buffer");
+    run(g, &mut rng, "moves after the refusals");
+    other_gpu.free_host_buffer(foreign).unwrap();
+    g.free_host_buffer(hb).unwrap();
+}
+
 /// The decode kernels' raw pipelines built at load (`Gpu::prebuild_replay`) are the ones
 /// a program then takes: one per kernel, none compiled again when a pass with one of them
 /// is built, and its replay right.

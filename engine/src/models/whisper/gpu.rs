@@ -143,12 +143,10 @@ struct PendingStep {
     sig: Signature,
 }
 
-/// Frames `base..base + span` of a recording's spectrogram on the device, band m from
-/// float `m * span` (`begin_window_of`).
+/// Frames `base..base + span` of a recording's spectrogram in a host buffer the replay's
+/// prologue copies from, band m from float `m * span` (`begin_window_of`).
 struct ResidentMel {
-    buf: Buffer,
-    /// Floats the buffer holds.
-    cap: usize,
+    buf: crate::gpu::HostBuffer,
     /// Whose frames (the values' address and the recording's frames): None until written,
     /// and once another recording comes (`fresh`).
     holds: Option<(usize, usize)>,
@@ -1057,13 +1055,14 @@ impl GpuWhisper {
 
     /// A window's host split into `encoder_host`: the mel's upload, recording and
     /// submission, the wait (until now).
-    /// The kept encoder over frames `[start, start + len)` of `mel` (zero past them). Where
-    /// the spectrogram kept on the device holds those frames, the replay's prologue copies
-    /// them into the encoder's input; where it does not, the window's rows go straight into
-    /// wgpu's staging for the input (no window cut out on the host), and once the encoder
-    /// is submitted the next [`RESIDENT_FRAMES`] from `start` are put up while the GPU runs
-    /// it (the host's copy hidden; wgpu's transfer queued behind the encoder). False where
-    /// the kept program is gone: the caller encodes the window the other way.
+    /// The kept encoder over frames `[start, start + len)` of `mel` (zero past them), its
+    /// input copied by the replay's prologue from the spectrogram kept in a host buffer
+    /// (`ResidentMel`). A window the buffer does not hold is written into it first (the
+    /// band rows straight from `mel`, no window cut out), and once the encoder is submitted
+    /// the frames after it, up to [`RESIDENT_FRAMES`] from `start`, are written while the
+    /// GPU runs (the buffer's other bytes: the prologue copies only the window's), so the
+    /// next windows of the recording cost the host nothing. False where the kept program
+    /// is gone: the caller encodes the window the other way.
     fn encode_resident(&mut self, mel: &crate::audio::mel::LogMel, start: usize, len: usize) -> Result<bool> {
         let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
         let n = len.min(frames).min(mel.n_frames.saturating_sub(start));
@@ -1072,21 +1071,22 @@ impl GpuWhisper {
         let id = (mel.data.as_ptr() as usize, mel.n_frames);
         let held = |r: &ResidentMel| r.holds == Some(id) && start >= r.base && start + n <= r.base + r.span;
         let hit = n == 0 || self.resident.as_ref().is_some_and(held);
+        let band = |m: usize, from: usize, to: usize| -> &[u8] { bytemuck::cast_slice(&mel.data[m * mel.n_frames + from..m * mel.n_frames + to]) };
         if !hit {
-            let size = wgpu::BufferSize::new((nm * frames * 4) as u64).ok_or_else(|| Error::Gpu("an empty mel window".into()))?;
-            let mut view = g
-                .queue
-                .write_buffer_with(&self.mel, 0, size)
-                .ok_or_else(|| Error::Gpu("the mel window's upload could not be staged".into()))?;
-            let zeros = vec![0u8; (frames - n) * 4];
-            for m in 0..nm {
-                let row = m * frames * 4;
-                view.slice(row..row + n * 4).copy_from_slice(bytemuck::cast_slice(&mel.data[m * mel.n_frames + start..][..n]));
-                view.slice(row + n * 4..row + frames * 4).copy_from_slice(&zeros);
+            // Band m's frames start.. at float m * span: this window's first, the rest later.
+            let span = mel.n_frames.saturating_sub(start).min(self.resident_frames.max(frames));
+            let bytes = (nm * span * 4) as u64;
+            if self.resident.as_ref().is_none_or(|r| r.buf.size() < bytes) {
+                if let Some(old) = self.resident.take() {
+                    g.free_host_buffer(old.buf)?;
+                }
+                let buf = g.host_buffer(bytes)?;
+                self.resident = Some(ResidentMel { buf, holds: None, base: 0, span: 0 });
             }
-            drop(view);
-            // The queued write lands with wgpu's next submission, before the replay's.
-            g.queue.submit([]);
+            let r = self.resident.as_mut().ok_or_else(|| Error::Gpu("no resident spectrogram".into()))?;
+            (r.holds, r.base, r.span) = (None, start, span);
+            let rows: Vec<(u64, &[u8])> = (0..nm).map(|m| (((m * span) * 4) as u64, band(m, start, start + n))).collect();
+            g.write_host(&r.buf, &rows)?;
         }
         let t_mel = std::time::Instant::now();
         let Some(kept) = self.encoder_kept.as_ref() else {
@@ -1094,12 +1094,12 @@ impl GpuWhisper {
         };
         let fr = frames as u64;
         let mut moves = Moves::default();
-        if let Some(r) = self.resident.as_ref().filter(|_| hit && n > 0) {
+        if let Some(r) = self.resident.as_ref().filter(|_| n > 0) {
             let regions = (0..nm).map(|m| (((m * r.span + start - r.base) * 4) as u64, m as u64 * fr * 4, n as u64 * 4)).collect();
-            moves.copies.push((&r.buf, &self.mel, regions));
+            moves.host_copies.push((&r.buf, &self.mel, regions));
         }
         let n64 = n as u64;
-        if hit && n64 < fr {
+        if n64 < fr {
             moves.zeros = (0..nm as u64).map(|m| (&self.mel, (m * fr + n64) * 4, (fr - n64) * 4)).collect();
         }
         let Some(t) = kept.submit_with(&g, &[], &moves, Some(&mut self.profile))? else {
@@ -1108,8 +1108,13 @@ impl GpuWhisper {
         };
         let t_submitted = std::time::Instant::now();
         if !hit {
-            // While the GPU encodes: the frames from here on, for the windows after this.
-            self.put_up_resident(mel, start)?;
+            // While the GPU encodes: the recording's frames after this window.
+            if let Some(r) = self.resident.as_mut() {
+                let span = r.span;
+                let rows: Vec<(u64, &[u8])> = (0..nm).filter(|_| n < span).map(|m| (((m * span + n) * 4) as u64, band(m, start + n, start + span))).collect();
+                g.write_host(&r.buf, &rows)?;
+                r.holds = Some(id);
+            }
         }
         self.gpu.replay_wait(t)?;
         self.add_encoder_host(t_start, t_mel, t_submitted);
@@ -1118,34 +1123,9 @@ impl GpuWhisper {
         Ok(true)
     }
 
-    /// Frames `start..` (at most `resident_frames`) of `mel` into the resident spectrogram,
-    /// queued and submitted through wgpu (behind what is already submitted).
-    fn put_up_resident(&mut self, mel: &crate::audio::mel::LogMel, start: usize) -> Result<()> {
-        let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
-        let span = mel.n_frames.saturating_sub(start).min(self.resident_frames.max(frames));
-        let Some(size) = wgpu::BufferSize::new((nm * span * 4) as u64) else {
-            return Ok(());
-        };
-        let g = self.gpu.clone();
-        if self.resident.as_ref().is_none_or(|r| r.cap < nm * span) {
-            self.resident = None;
-            let buf = g.buffer("mel (resident)", size.get())?;
-            self.resident = Some(ResidentMel { buf, cap: nm * span, holds: None, base: 0, span: 0 });
-        }
-        let r = self.resident.as_mut().ok_or_else(|| Error::Gpu("no resident spectrogram".into()))?;
-        r.holds = None;
-        let mut view = g
-            .queue
-            .write_buffer_with(&r.buf, 0, size)
-            .ok_or_else(|| Error::Gpu("the spectrogram's upload could not be staged".into()))?;
-        for m in 0..nm {
-            view.slice(m * span * 4..(m + 1) * span * 4).copy_from_slice(bytemuck::cast_slice(&mel.data[m * mel.n_frames + start..][..span]));
-        }
-        drop(view);
-        g.queue.submit([]);
-        g.check()?;
-        (r.holds, r.base, r.span) = (Some((mel.data.as_ptr() as usize, mel.n_frames)), start, span);
-        Ok(())
+    /// Whether the kept spectrogram lies in device-local memory (false before it exists).
+    pub fn resident_device_local(&self) -> bool {
+        self.resident.as_ref().is_some_and(|r| r.buf.device_local())
     }
 
     /// Forget the last window's decoder state before a new window is encoded.
