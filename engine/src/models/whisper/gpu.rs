@@ -81,9 +81,9 @@ pub const DECODE_PARTS: [&str; 13] = [
 /// dispatch; −0.05 ms a verify pass of 8, bench/RESULTS.md 2026-12-01).
 const EARLY_SUBMIT: &[usize] = &[9];
 
-/// Frames of a recording's spectrogram kept on the device at a time for the kept encoder
-/// (`begin_window_of`): 5 minutes, 9.6 MB for 80 mel bands; a longer recording's later
-/// windows put the next 5 minutes up when they reach them.
+/// Frames of a recording's spectrogram kept for the kept encoder at most (`begin_window_of`,
+/// a host buffer): 5 minutes, 9.6 MB for 80 mel bands, filled a window ahead as the windows
+/// come; a window past them starts the kept part again from its own frames.
 const RESIDENT_FRAMES: usize = 30_000;
 
 /// Words of the timestamp state (decode::TsState, padded) after the fed tokens.
@@ -143,15 +143,17 @@ struct PendingStep {
     sig: Signature,
 }
 
-/// Frames `base..base + span` of a recording's spectrogram in a host buffer the replay's
-/// prologue copies from, band m from float `m * span` (`begin_window_of`).
+/// Frames `base..base + filled` of a recording's spectrogram in a host buffer the replay's
+/// prologue copies from, band m from float `m * cap` (`begin_window_of`).
 struct ResidentMel {
     buf: crate::gpu::HostBuffer,
+    /// Frames a band has room for.
+    cap: usize,
     /// Whose frames (the values' address and the recording's frames): None until written,
     /// and once another recording comes (`fresh`).
     holds: Option<(usize, usize)>,
     base: usize,
-    span: usize,
+    filled: usize,
 }
 
 struct Norm {
@@ -1058,35 +1060,39 @@ impl GpuWhisper {
     /// The kept encoder over frames `[start, start + len)` of `mel` (zero past them), its
     /// input copied by the replay's prologue from the spectrogram kept in a host buffer
     /// (`ResidentMel`). A window the buffer does not hold is written into it first (the
-    /// band rows straight from `mel`, no window cut out), and once the encoder is submitted
-    /// the frames after it, up to [`RESIDENT_FRAMES`] from `start`, are written while the
-    /// GPU runs (the buffer's other bytes: the prologue copies only the window's), so the
-    /// next windows of the recording cost the host nothing. False where the kept program
-    /// is gone: the caller encodes the window the other way.
+    /// band rows straight from `mel`, no window cut out); once the encoder is submitted,
+    /// while the GPU runs, the buffer is filled on to two windows past `start` (bytes after
+    /// the window's, which the prologue does not copy), so that the recording's next window
+    /// (a seek moves at most one window) costs the host nothing before the GPU starts. The
+    /// host writes at most a window's frames each time, hidden behind the encoder: 5
+    /// minutes written at once (9.6 MB into the BAR) made the window that wrote them wait
+    /// ~1.4 ms more (H100, RESULTS.md 2026-12-07, twenty-third session). False where the
+    /// kept program is gone: the caller encodes the window the other way.
     fn encode_resident(&mut self, mel: &crate::audio::mel::LogMel, start: usize, len: usize) -> Result<bool> {
         let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
         let n = len.min(frames).min(mel.n_frames.saturating_sub(start));
+        let cap = self.resident_frames.max(frames);
         let t_start = std::time::Instant::now();
         let g = self.gpu.clone();
         let id = (mel.data.as_ptr() as usize, mel.n_frames);
-        let held = |r: &ResidentMel| r.holds == Some(id) && start >= r.base && start + n <= r.base + r.span;
+        let held = |r: &ResidentMel| r.holds == Some(id) && start >= r.base && start + n <= r.base + r.filled;
         let hit = n == 0 || self.resident.as_ref().is_some_and(held);
+        // Band m's frames `from..to` as bytes, and where they go: frame f of the kept part at
+        // float `m * cap + f - base`.
         let band = |m: usize, from: usize, to: usize| -> &[u8] { bytemuck::cast_slice(&mel.data[m * mel.n_frames + from..m * mel.n_frames + to]) };
         if !hit {
-            // Band m's frames start.. at float m * span: this window's first, the rest later.
-            let span = mel.n_frames.saturating_sub(start).min(self.resident_frames.max(frames));
-            let bytes = (nm * span * 4) as u64;
-            if self.resident.as_ref().is_none_or(|r| r.buf.size() < bytes) {
+            if self.resident.as_ref().is_none_or(|r| r.cap != cap) {
                 if let Some(old) = self.resident.take() {
                     g.free_host_buffer(old.buf)?;
                 }
-                let buf = g.host_buffer(bytes)?;
-                self.resident = Some(ResidentMel { buf, holds: None, base: 0, span: 0 });
+                let buf = g.host_buffer((nm * cap * 4) as u64)?;
+                self.resident = Some(ResidentMel { buf, cap, holds: None, base: 0, filled: 0 });
             }
             let r = self.resident.as_mut().ok_or_else(|| Error::Gpu("no resident spectrogram".into()))?;
-            (r.holds, r.base, r.span) = (None, start, span);
-            let rows: Vec<(u64, &[u8])> = (0..nm).map(|m| (((m * span) * 4) as u64, band(m, start, start + n))).collect();
+            r.holds = None;
+            let rows: Vec<(u64, &[u8])> = (0..nm).map(|m| (((m * cap) * 4) as u64, band(m, start, start + n))).collect();
             g.write_host(&r.buf, &rows)?;
+            (r.holds, r.base, r.filled) = (Some(id), start, n);
         }
         let t_mel = std::time::Instant::now();
         let Some(kept) = self.encoder_kept.as_ref() else {
@@ -1095,7 +1101,7 @@ impl GpuWhisper {
         let fr = frames as u64;
         let mut moves = Moves::default();
         if let Some(r) = self.resident.as_ref().filter(|_| n > 0) {
-            let regions = (0..nm).map(|m| (((m * r.span + start - r.base) * 4) as u64, m as u64 * fr * 4, n as u64 * 4)).collect();
+            let regions = (0..nm).map(|m| (((m * cap + start - r.base) * 4) as u64, m as u64 * fr * 4, n as u64 * 4)).collect();
             moves.host_copies.push((&r.buf, &self.mel, regions));
         }
         let n64 = n as u64;
@@ -1107,13 +1113,13 @@ impl GpuWhisper {
             return Ok(false);
         };
         let t_submitted = std::time::Instant::now();
-        if !hit {
-            // While the GPU encodes: the recording's frames after this window.
-            if let Some(r) = self.resident.as_mut() {
-                let span = r.span;
-                let rows: Vec<(u64, &[u8])> = (0..nm).filter(|_| n < span).map(|m| (((m * span + n) * 4) as u64, band(m, start + n, start + span))).collect();
+        // While the GPU encodes: the kept part filled on to two windows past `start`.
+        if let Some(r) = self.resident.as_mut().filter(|r| n > 0 && r.holds == Some(id)) {
+            let (from, to) = (r.base + r.filled, (start + 2 * frames).min(mel.n_frames).min(r.base + cap));
+            if to > from {
+                let rows: Vec<(u64, &[u8])> = (0..nm).map(|m| (((m * cap + r.filled) * 4) as u64, band(m, from, to))).collect();
                 g.write_host(&r.buf, &rows)?;
-                r.holds = Some(id);
+                r.filled = to - r.base;
             }
         }
         self.gpu.replay_wait(t)?;
