@@ -353,8 +353,11 @@ pub struct GpuWhisper {
     draft: Option<DraftModel>,
     // Scratch.
     mel: Buffer,
-    /// The part of a recording's spectrogram kept on the device (`begin_window_of`).
+    /// The part of a recording's spectrogram kept in a host buffer (`begin_window_of`).
     resident: Option<ResidentMel>,
+    /// Its GPU copy the encoder reads there (`record_encoder`), band m from float `m * cap`,
+    /// and `cap`.
+    mel_wide: Option<(Buffer, usize)>,
     enc_x: Buffer,
     enc_xn: Buffer,
     enc_qkv: Buffer,
@@ -417,6 +420,8 @@ pub struct GpuWhisper {
     encoder_kept: Option<Kept>,
     /// Whether a replayed encoder records every window (not kept; see above).
     pub encoder_rerecord: bool,
+    /// The kept encoder over `mel_wide` (`encode_resident`).
+    encoder_kept_wide: Option<Kept>,
     /// Whether the kept encoder takes a recording's windows (`begin_window_of`) from a copy
     /// of its spectrogram kept on the device: the prologue copies the window into the
     /// encoder's input, where the host would otherwise cut it out (a 960 KB vector, ~0.06-
@@ -456,6 +461,8 @@ pub struct GpuWhisper {
     /// The next single-token step, encoded while the last one ran.
     pending: Option<PendingStep>,
     enc_cache: DispatchCache,
+    /// The same for the encoder over the kept spectrogram's GPU copy (`record_encoder`).
+    enc_wide_cache: DispatchCache,
     dec_cache: DispatchCache,
     /// Verify passes keep their own bind groups (another dispatch sequence).
     ver_cache: DispatchCache,
@@ -844,6 +851,8 @@ impl GpuWhisper {
             resident_frames: RESIDENT_FRAMES,
             resident_windows: 0,
             resident: None,
+            mel_wide: None,
+            encoder_kept_wide: None,
             retarget: std::env::var("VERBATIM_RETARGET").map_or(true, |v| v != "0"),
             batch_encoded_first: false,
             replay: true,
@@ -851,6 +860,7 @@ impl GpuWhisper {
             verify_max: verify_max_setting(std::env::var("VERBATIM_VERIFY_MAX").ok().as_deref())?,
             pending: None,
             enc_cache: DispatchCache::default(),
+            enc_wide_cache: DispatchCache::default(),
             dec_cache: DispatchCache::default(),
             ver_cache: DispatchCache::default(),
             steps_cache: DispatchCache::default(),
@@ -880,9 +890,6 @@ impl GpuWhisper {
     /// 1.396 ms a window against 1.489-1.491 through wgpu in parts and 1.472-1.477 whole;
     /// small.en 9.42 against 9.49 and 9.65.
     fn encode(&mut self, mel: &[f32]) -> Result<()> {
-        let d = self.dims.d_model as u32;
-        let a = self.dims.audio_ctx as u32;
-        let frames = 2 * a;
         let t_start = std::time::Instant::now();
         let g = self.gpu.clone();
         // Replayed, the recording is whole (nothing submitted early) and the mel goes up
@@ -899,7 +906,8 @@ impl GpuWhisper {
             }
         }
         let t_mel = std::time::Instant::now();
-        let mel_write = [(&self.mel, 0, bytemuck::cast_slice::<f32, u8>(mel))];
+        let mel_bytes = bytemuck::cast_slice::<f32, u8>(mel);
+        let mel_write = [(&self.mel, 0, mel_bytes)];
         let writes: &[(&wgpu::Buffer, u64, &[u8])] = if mel_prologue { &mel_write } else { &[] };
         if let Some(kept) = self.encoder_kept.as_ref().filter(|_| replaying && !self.encoder_rerecord) {
             if let Some(t) = kept.submit(&g, writes, Some(&mut self.profile))? {
@@ -910,13 +918,33 @@ impl GpuWhisper {
             }
             self.encoder_kept = None; // the program was dropped: record it anew
         }
+        self.record_encoder(false, replaying, mel_prologue.then_some(mel_bytes), t_start, t_mel)
+    }
+
+    /// Record the encoder and submit it: replayed (its program kept in `encoder_kept`, or
+    /// `encoder_kept_wide` where `wide`) where `replaying`, else through wgpu (in parts where
+    /// `encoder_parts`); then wait. Its input: the mel buffer `[n_mels][frames]` (with
+    /// `mel_bytes` written into it by the replay's prologue), or where `wide` the kept
+    /// spectrogram's GPU copy `mel_wide`, band m from float `m * cap`.
+    fn record_encoder(&mut self, wide: bool, replaying: bool, mel_bytes: Option<&[u8]>, t_start: std::time::Instant, t_mel: std::time::Instant) -> Result<()> {
+        let d = self.dims.d_model as u32;
+        let a = self.dims.audio_ctx as u32;
+        let frames = 2 * a;
+        let g = self.gpu.clone();
+        let mel_write: Vec<(&wgpu::Buffer, u64, &[u8])> = mel_bytes.map(|b| (&self.mel, 0, b)).into_iter().collect();
+        let writes = &mel_write[..];
+        let (input, band_stride) = match (wide, self.mel_wide.as_ref()) {
+            (true, Some((buf, cap))) => (buf, *cap as u32),
+            (true, None) => return Err(Error::Gpu("the encoder's wide input is not there".into())),
+            (false, _) => (&self.mel, frames),
+        };
         let k = &self.kern;
-        let mut rec = g.recorder_cached(&mut self.enc_cache);
+        let mut rec = g.recorder_cached(if wide { &mut self.enc_wide_cache } else { &mut self.enc_cache });
         rec.stage("encoder");
         let gelu = Epilogue { gelu: true, accumulate: false };
-        // conv1 reads the mel channel-major [n_mels][frames] and writes time-major [frames][d].
+        // conv1 reads the mel channel-major [n_mels][band_stride] and writes time-major [frames][d].
         rec.stage("encoder conv1");
-        k.conv_k3_cols(&mut rec, &self.mel, frames, frames, 1, 1, &self.conv1.w, self.conv1_cols, &self.conv1.b, &self.enc_h, gelu)?;
+        k.conv_k3_cols(&mut rec, input, frames, band_stride, 1, 1, &self.conv1.w, self.conv1_cols, &self.conv1.b, &self.enc_h, gelu)?;
         let early = self.encoder_parts && !replaying;
         if early {
             rec.flush()?;
@@ -1037,7 +1065,10 @@ impl GpuWhisper {
                 // None: the program's first use, built, and this window went through wgpu.
                 let (ticket, kept) = rec.replay_kept(writes, Some(&mut self.profile))?;
                 if ticket.is_some() {
-                    self.encoder_kept = Some(kept);
+                    match wide {
+                        true => self.encoder_kept_wide = Some(kept),
+                        false => self.encoder_kept = Some(kept),
+                    }
                 }
                 ticket
             }
@@ -1057,29 +1088,51 @@ impl GpuWhisper {
 
     /// A window's host split into `encoder_host`: the mel's upload, recording and
     /// submission, the wait (until now).
-    /// The kept encoder over frames `[start, start + len)` of `mel` (zero past them), its
-    /// input copied by the replay's prologue from the spectrogram kept in a host buffer
-    /// (`ResidentMel`). A window the buffer does not hold is written into it first (the
-    /// band rows straight from `mel`, no window cut out); once the encoder is submitted,
-    /// while the GPU runs, the buffer is filled on to two windows past `start` (bytes after
-    /// the window's, which the prologue does not copy), so that the recording's next window
-    /// (a seek moves at most one window) costs the host nothing before the GPU starts. The
-    /// host writes at most a window's frames each time, hidden behind the encoder: 5
-    /// minutes written at once (9.6 MB into the BAR) made the window that wrote them wait
-    /// ~1.4 ms more (H100, RESULTS.md 2026-12-07, twenty-third session). False where the
-    /// kept program is gone: the caller encodes the window the other way.
+    /// The kept encoder over frames `[start, start + len)` of `mel` (zero past them), read
+    /// from `mel_wide`, into which the replay's prologue copies the window from the
+    /// spectrogram kept in a host buffer (`ResidentMel`; both lay band m at float `m * cap`,
+    /// so a window is one copy). A window the buffer does not hold is written into it first
+    /// (the band rows straight from `mel`, no window cut out); once the encoder is
+    /// submitted, while the GPU runs, the buffer is filled on to two windows past `start`
+    /// (bytes after the window's, which the prologue does not copy), so that the
+    /// recording's next window (a seek moves at most one window) costs the host nothing
+    /// before the GPU starts. The host writes at most a window's frames each time, hidden
+    /// behind the encoder. The first two windows record the encoder over `mel_wide` (its
+    /// program kept from the second). False where the kept program is gone: the caller
+    /// encodes the window the other way.
     fn encode_resident(&mut self, mel: &crate::audio::mel::LogMel, start: usize, len: usize) -> Result<bool> {
         let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
         let n = len.min(frames).min(mel.n_frames.saturating_sub(start));
         let cap = self.resident_frames.max(frames);
         let t_start = std::time::Instant::now();
         let g = self.gpu.clone();
+        // Band m's frames `from..to` as bytes.
+        let band = |m: usize, from: usize, to: usize| -> &[u8] { bytemuck::cast_slice(&mel.data[m * mel.n_frames + from..m * mel.n_frames + to]) };
+        if self.mel_wide.as_ref().is_none_or(|(_, c)| *c != cap) {
+            // (a program over the old buffer, and the cached dispatches that bind it, go)
+            self.encoder_kept_wide = None;
+            self.enc_wide_cache = DispatchCache::default();
+            self.mel_wide = None;
+            self.mel_wide = Some((g.buffer("mel (the kept spectrogram's window)", (nm * cap * 4) as u64)?, cap));
+        }
+        if self.encoder_kept_wide.is_none() {
+            // Until its program is kept (its first two windows): the window written into the
+            // GPU copy through wgpu, the encoder recorded.
+            let (buf, _) = self.mel_wide.as_ref().ok_or_else(|| Error::Gpu("no wide mel buffer".into()))?;
+            let zeros = vec![0u8; (frames - n) * 4];
+            for m in 0..nm {
+                g.write(buf, (m * cap * 4) as u64, band(m, start, start + n));
+                g.write(buf, ((m * cap + n) * 4) as u64, &zeros);
+            }
+            // The queued writes land with wgpu's next submission, before the replay's.
+            g.queue.submit([]);
+            self.windows_encoded += 1;
+            self.record_encoder(true, true, None, t_start, std::time::Instant::now())?;
+            return Ok(true);
+        }
         let id = (mel.data.as_ptr() as usize, mel.n_frames);
         let held = |r: &ResidentMel| r.holds == Some(id) && start >= r.base && start + n <= r.base + r.filled;
         let hit = n == 0 || self.resident.as_ref().is_some_and(held);
-        // Band m's frames `from..to` as bytes, and where they go: frame f of the kept part at
-        // float `m * cap + f - base`.
-        let band = |m: usize, from: usize, to: usize| -> &[u8] { bytemuck::cast_slice(&mel.data[m * mel.n_frames + from..m * mel.n_frames + to]) };
         if !hit {
             if self.resident.as_ref().is_none_or(|r| r.cap != cap) {
                 if let Some(old) = self.resident.take() {
@@ -1095,21 +1148,27 @@ impl GpuWhisper {
             (r.holds, r.base, r.filled) = (Some(id), start, n);
         }
         let t_mel = std::time::Instant::now();
-        let Some(kept) = self.encoder_kept.as_ref() else {
+        let (Some(kept), Some((wide, _))) = (self.encoder_kept_wide.as_ref(), self.mel_wide.as_ref()) else {
             return Ok(false);
         };
-        let fr = frames as u64;
         let mut moves = Moves::default();
         if let Some(r) = self.resident.as_ref().filter(|_| n > 0) {
-            let regions = (0..nm).map(|m| (((m * cap + start - r.base) * 4) as u64, m as u64 * fr * 4, n as u64 * 4)).collect();
-            moves.host_copies.push((&r.buf, &self.mel, regions));
+            // Both lay band m at float m * cap: the window's bytes are one span of the host
+            // buffer, copied as one region (80 regions, one a band, cost ~0.14 ms a window:
+            // RESULTS.md 2026-12-07, twenty-third session). A window the recording's end cuts
+            // short takes a region a band, so that the zeros after it touch other bytes.
+            let off = start - r.base;
+            let regions = match n == frames {
+                true => vec![((off * 4) as u64, 0, (((nm - 1) * cap + n) * 4) as u64)],
+                false => (0..nm).map(|m| (((m * cap + off) * 4) as u64, (m * cap * 4) as u64, (n * 4) as u64)).collect(),
+            };
+            moves.host_copies.push((&r.buf, wide, regions));
         }
-        let n64 = n as u64;
-        if n64 < fr {
-            moves.zeros = (0..nm as u64).map(|m| (&self.mel, (m * fr + n64) * 4, (fr - n64) * 4)).collect();
+        if n < frames {
+            moves.zeros = (0..nm).map(|m| (wide, ((m * cap + n) * 4) as u64, ((frames - n) * 4) as u64)).collect();
         }
         let Some(t) = kept.submit_with(&g, &[], &moves, Some(&mut self.profile))? else {
-            self.encoder_kept = None;
+            self.encoder_kept_wide = None;
             return Ok(false);
         };
         let t_submitted = std::time::Instant::now();
