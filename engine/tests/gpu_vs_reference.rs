@@ -581,6 +581,17 @@ fn encoder_windows_of_a_recording_equal_windows_cut_out() {
             }
         }
     }
+    // Another size of the kept part: the encoder over its GPU copy is recorded anew, its
+    // first windows past the recording's end or cut short by it.
+    g.resident_frames = 3 * frames;
+    for (i, &(start, len)) in [(n_frames + 5, frames), (n_frames - 7, frames), (n_frames - 7, frames), (n_frames - 2 * frames, frames)].iter().enumerate() {
+        g.encoder_replay = false;
+        g.begin_window(&mel.window_frames(start, len, frames)).unwrap();
+        let want = g.encoder_output().unwrap();
+        g.encoder_replay = true;
+        g.begin_window_of(&mel, start, len, false).unwrap();
+        assert!(g.encoder_output().unwrap() == want, "new size, window {i} (frames {start} + {len} of {n_frames}): the encoder over the kept spectrogram differs");
+    }
     if g.gpu().replay_available() {
         assert!(hits >= 10, "windows copied from the kept spectrogram: {hits}");
         // In round 1, windows 1 and 2 lie in the part filled ahead while the window before

@@ -423,14 +423,12 @@ pub struct GpuWhisper {
     /// The kept encoder over `mel_wide` (`encode_resident`).
     encoder_kept_wide: Option<Kept>,
     /// Whether the kept encoder takes a recording's windows (`begin_window_of`) from a copy
-    /// of its spectrogram kept on the device: the prologue copies the window into the
-    /// encoder's input, where the host would otherwise cut it out (a 960 KB vector, ~0.06-
-    /// 0.08 ms) and write it. Off unless `VERBATIM_ENCODER_RESIDENT=1`: on an H100 a window
-    /// over a file cost 1.46-1.54 ms (tiny.en) against 1.39-1.45 written from the host
-    /// (which does not count the cut), small.en 9.43-9.47 against 9.39-9.49: putting up 5
-    /// minutes (9.6 MB through wgpu's staging, the host's copy and the bus transfer) costs
-    /// more than the ten windows it serves save (RESULTS.md 2026-12-07, twenty-second
-    /// session). `verbatim bench` times it.
+    /// of its spectrogram kept in a host buffer (`encode_resident`): the prologue copies
+    /// the window into the encoder's input, where the host would otherwise cut it out (a
+    /// 960 KB vector) and write it before the GPU starts. On unless
+    /// `VERBATIM_ENCODER_RESIDENT=0`: H100, a window over a file 1.399 ms (tiny.en) against
+    /// 1.551 cut out, small.en 9.41 against 9.69 (RESULTS.md 2026-12-07, twenty-third
+    /// session). `verbatim bench` times both.
     pub encoder_resident: bool,
     /// Frames the kept spectrogram holds at a time: [`RESIDENT_FRAMES`] (tests set fewer).
     pub resident_frames: usize,
@@ -847,7 +845,7 @@ impl GpuWhisper {
             windows_encoded: 0,
             encoder_kept: None,
             encoder_rerecord: std::env::var("VERBATIM_ENCODER_RERECORD").is_ok_and(|v| v == "1"),
-            encoder_resident: std::env::var("VERBATIM_ENCODER_RESIDENT").is_ok_and(|v| v == "1"),
+            encoder_resident: !std::env::var("VERBATIM_ENCODER_RESIDENT").is_ok_and(|v| v == "0"),
             resident_frames: RESIDENT_FRAMES,
             resident_windows: 0,
             resident: None,
@@ -1106,8 +1104,13 @@ impl GpuWhisper {
         let cap = self.resident_frames.max(frames);
         let t_start = std::time::Instant::now();
         let g = self.gpu.clone();
-        // Band m's frames `from..to` as bytes.
-        let band = |m: usize, from: usize, to: usize| -> &[u8] { bytemuck::cast_slice(&mel.data[m * mel.n_frames + from..m * mel.n_frames + to]) };
+        // Band m's frames `from..to` as bytes (none where the window lies past the end).
+        let band = |m: usize, from: usize, to: usize| -> &[u8] {
+            match from < to {
+                true => bytemuck::cast_slice(&mel.data[m * mel.n_frames + from..m * mel.n_frames + to]),
+                false => &[],
+            }
+        };
         if self.mel_wide.as_ref().is_none_or(|(_, c)| *c != cap) {
             // (a program over the old buffer, and the cached dispatches that bind it, go)
             self.encoder_kept_wide = None;
