@@ -299,8 +299,9 @@ fn bench(args: &Args) -> Result<(), String> {
     // Mode 5: a recording's windows as a long file's run (`begin_window_of`): a 31000-frame
     // spectrogram (the window tiled), ten windows a batch from its start, 2800 frames apart
     // (a window's seek moves ~28 s), each batch a fresh recording. The kept part of the
-    // spectrogram (RESIDENT_FRAMES, 30000) holds ten such windows, so each batch has the
-    // one window that puts it up: the mean of a batch is what a window costs over a file.
+    // spectrogram (RESIDENT_FRAMES, 30000) holds ten such windows, so each batch has one
+    // window that writes its own frames first: the mean of a batch is what a window costs
+    // over a file.
     // Mode 6: the same windows cut out on the host and encoded as mode 0 does (what the
     // decode loop does with the kept spectrogram off), the cut timed with them.
     let (rec_frames, rec_windows, rec_step) = (31_000usize, 10usize, 2800usize);
@@ -724,7 +725,7 @@ fn bench(args: &Args) -> Result<(), String> {
         if !rerecord {
             let es = stat(&enc_res);
             println!(
-                "| encoder over a recording's windows (begin_window_of), ms per window | {:.3} | {:.2} | the kept encoder; windows copied by the prologue from the spectrogram kept in a host buffer ({}), 1 in {rec_windows} writing the next 5 min (the mean of {rec_windows} windows {rec_step} frames apart, alternated with the rows around it); {} |",
+                "| encoder over a recording's windows (begin_window_of), ms per window | {:.3} | {:.2} | the kept encoder over the spectrogram kept in a host buffer ({}), each window filling the next ahead while the GPU encodes, 1 in {rec_windows} writing its own first (the mean of {rec_windows} windows {rec_step} frames apart, alternated with the rows around it); {} |",
                 es.min,
                 es.spread,
                 resident_memory,
