@@ -483,6 +483,8 @@ fn encoder_replayed_equals_encoder_through_wgpu() {
     let mut p = pair_on(own_gpu(), geom, s, tag);
     let mels: Vec<Vec<f32>> = (0..2).map(|_| random_mel(&geom.dims, &mut rng)).collect();
     let g = &mut p.gpu;
+    // (the encoder over the mel buffer, which the kept spectrogram's path replaces)
+    g.encoder_resident = false;
     g.encoder_replay = false;
     let through: Vec<Vec<f32>> = mels
         .iter()
@@ -550,6 +552,7 @@ fn encoder_windows_of_a_recording_equal_windows_cut_out() {
     g.resident_frames = 5 * frames / 2;
     g.encoder_resident = true;
     let (mut hits, mut first_hits) = (0, 0);
+    let mut programs = 0;
     for round in 0..2 {
         if round == 1 {
             // Another recording in the first one's place.
@@ -565,6 +568,9 @@ fn encoder_windows_of_a_recording_equal_windows_cut_out() {
             })
             .collect();
         g.encoder_replay = true;
+        if round == 0 {
+            programs = g.gpu().replay_programs();
+        }
         for (i, (&(start, len), want)) in windows.iter().zip(&wants).enumerate() {
             // Twice: a window the kept part does not hold puts it up for the next.
             for rep in 0..2 {
@@ -580,7 +586,14 @@ fn encoder_windows_of_a_recording_equal_windows_cut_out() {
                 );
             }
         }
+        // Windows of their own (`begin_window`), cut out, take the same kept program.
+        for (i, (&(start, len), want)) in windows.iter().zip(&wants).enumerate() {
+            g.begin_window(&mel.window_frames(start, len, frames)).unwrap();
+            assert!(g.encoder_output().unwrap() == *want, "round {round}, window {i} cut out: the encoder over the kept spectrogram's copy differs");
+        }
     }
+    let built = g.gpu().replay_programs() - programs;
+    assert_eq!(built, if g.gpu().replay_available() { 1 } else { 0 }, "one encoder program for windows of their own and a recording's");
     // Another size of the kept part: the encoder over its GPU copy is recorded anew, its
     // first windows past the recording's end or cut short by it.
     g.resident_frames = 3 * frames;

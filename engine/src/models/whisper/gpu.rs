@@ -1098,16 +1098,18 @@ impl GpuWhisper {
     /// behind the encoder. The first two windows record the encoder over `mel_wide` (its
     /// program kept from the second). False where the kept program is gone: the caller
     /// encodes the window the other way.
-    fn encode_resident(&mut self, mel: &crate::audio::mel::LogMel, start: usize, len: usize) -> Result<bool> {
+    /// `data`: a spectrogram band-major (`[n_mels][n_frames]`); `id`: what identifies it
+    /// as the same recording from window to window (None: a window of its own, never held).
+    fn encode_resident(&mut self, data: &[f32], n_frames: usize, id: Option<(usize, usize)>, start: usize, len: usize) -> Result<bool> {
         let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
-        let n = len.min(frames).min(mel.n_frames.saturating_sub(start));
+        let n = len.min(frames).min(n_frames.saturating_sub(start));
         let cap = self.resident_frames.max(frames);
         let t_start = std::time::Instant::now();
         let g = self.gpu.clone();
         // Band m's frames `from..to` as bytes (none where the window lies past the end).
         let band = |m: usize, from: usize, to: usize| -> &[u8] {
             match from < to {
-                true => bytemuck::cast_slice(&mel.data[m * mel.n_frames + from..m * mel.n_frames + to]),
+                true => bytemuck::cast_slice(&data[m * n_frames + from..m * n_frames + to]),
                 false => &[],
             }
         };
@@ -1133,8 +1135,7 @@ impl GpuWhisper {
             self.record_encoder(true, true, None, t_start, std::time::Instant::now())?;
             return Ok(true);
         }
-        let id = (mel.data.as_ptr() as usize, mel.n_frames);
-        let held = |r: &ResidentMel| r.holds == Some(id) && start >= r.base && start + n <= r.base + r.filled;
+        let held = |r: &ResidentMel| id.is_some() && r.holds == id && start >= r.base && start + n <= r.base + r.filled;
         let hit = n == 0 || self.resident.as_ref().is_some_and(held);
         if !hit {
             if self.resident.as_ref().is_none_or(|r| r.cap != cap) {
@@ -1148,7 +1149,7 @@ impl GpuWhisper {
             r.holds = None;
             let rows: Vec<(u64, &[u8])> = (0..nm).map(|m| (((m * cap) * 4) as u64, band(m, start, start + n))).collect();
             g.write_host(&r.buf, &rows)?;
-            (r.holds, r.base, r.filled) = (Some(id), start, n);
+            (r.holds, r.base, r.filled) = (id, start, n);
         }
         let t_mel = std::time::Instant::now();
         let (Some(kept), Some((wide, _))) = (self.encoder_kept_wide.as_ref(), self.mel_wide.as_ref()) else {
@@ -1176,8 +1177,8 @@ impl GpuWhisper {
         };
         let t_submitted = std::time::Instant::now();
         // While the GPU encodes: the kept part filled on to two windows past `start`.
-        if let Some(r) = self.resident.as_mut().filter(|r| n > 0 && r.holds == Some(id)) {
-            let (from, to) = (r.base + r.filled, (start + 2 * frames).min(mel.n_frames).min(r.base + cap));
+        if let Some(r) = self.resident.as_mut().filter(|r| n > 0 && id.is_some() && r.holds == id) {
+            let (from, to) = (r.base + r.filled, (start + 2 * frames).min(n_frames).min(r.base + cap));
             if to > from {
                 let rows: Vec<(u64, &[u8])> = (0..nm).map(|m| (((m * cap + r.filled) * 4) as u64, band(m, from, to))).collect();
                 g.write_host(&r.buf, &rows)?;
@@ -1189,6 +1190,12 @@ impl GpuWhisper {
         self.windows_encoded += 1;
         self.resident_windows += u64::from(hit);
         Ok(true)
+    }
+
+    /// Whether a window goes through `encode_resident`: the kept spectrogram on, replays on
+    /// and kept, and not the first window (recorded through wgpu).
+    fn takes_resident(&self) -> bool {
+        self.encoder_resident && self.encoder_replay && !self.encoder_rerecord && self.windows_encoded > 0 && self.replaying()
     }
 
     /// Whether the kept spectrogram lies in device-local memory (false before it exists).
@@ -1892,15 +1899,10 @@ impl LogitSource for GpuWhisper {
                 r.holds = None;
             }
         }
-        let kept = self.encoder_resident
-            && self.encoder_replay
-            && !self.encoder_rerecord
-            && self.encoder_kept.is_some()
-            && self.windows_encoded > 0
-            && self.replaying();
-        if kept && mel.n_mels == self.dims.n_mels && mel.data.len() == mel.n_mels * mel.n_frames {
+        if self.takes_resident() && mel.n_mels == self.dims.n_mels && mel.data.len() == mel.n_mels * mel.n_frames {
             self.leave_window();
-            if self.encode_resident(mel, start, len.min(frames))? {
+            let id = (mel.data.as_ptr() as usize, mel.n_frames);
+            if self.encode_resident(&mel.data, mel.n_frames, Some(id), start, len.min(frames))? {
                 self.kv_len = 0;
                 self.window_ready = true;
                 return Ok(());
@@ -1911,12 +1913,17 @@ impl LogitSource for GpuWhisper {
 
     fn begin_window(&mut self, mel: &[f32]) -> Result<()> {
         // 3000 frames for every real Whisper (audio_ctx 1500); small test models take fewer.
-        let want = self.dims.n_mels * 2 * self.dims.audio_ctx;
+        let frames = 2 * self.dims.audio_ctx;
+        let want = self.dims.n_mels * frames;
         if mel.len() != want {
             return Err(Error::Invalid(format!("a window of {} mel values; the encoder takes {want}", mel.len())));
         }
         self.leave_window();
-        self.encode(mel)?;
+        // A window of its own through the same kept program as a recording's windows (one
+        // program, not two: building the second cost a process ~2.5 ms, H100).
+        if !(self.takes_resident() && self.encode_resident(mel, frames, None, 0, frames)?) {
+            self.encode(mel)?;
+        }
         self.kv_len = 0;
         self.window_ready = true;
         Ok(())
