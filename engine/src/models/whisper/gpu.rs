@@ -422,13 +422,15 @@ pub struct GpuWhisper {
     pub encoder_rerecord: bool,
     /// The kept encoder over `mel_wide` (`encode_resident`).
     encoder_kept_wide: Option<Kept>,
-    /// Whether the kept encoder takes a recording's windows (`begin_window_of`) from a copy
-    /// of its spectrogram kept in a host buffer (`encode_resident`): the prologue copies
-    /// the window into the encoder's input, where the host would otherwise cut it out (a
-    /// 960 KB vector) and write it before the GPU starts. On unless
-    /// `VERBATIM_ENCODER_RESIDENT=0`: H100, a window over a file 1.399 ms (tiny.en) against
-    /// 1.551 cut out, small.en 9.41 against 9.69 (RESULTS.md 2026-12-07, twenty-third
-    /// session). `verbatim bench` times both.
+    /// Whether the replayed encoder takes its windows through the spectrogram kept in a
+    /// host buffer (`encode_resident`): a recording's windows (`begin_window_of`) are
+    /// copied by the prologue from what the host wrote ahead, where the host would
+    /// otherwise cut each out (a 960 KB vector) and write it before the GPU starts; a
+    /// window of its own (`begin_window`) is written there and copied the same way, so
+    /// that a process builds one encoder program. On unless `VERBATIM_ENCODER_RESIDENT=0`:
+    /// H100, a window over a file 1.370-1.399 ms (tiny.en) against 1.48-1.55 cut out,
+    /// small.en 9.41 against 9.69 (RESULTS.md 2026-12-07, twenty-third session).
+    /// `verbatim bench` times both.
     pub encoder_resident: bool,
     /// Frames the kept spectrogram holds at a time: [`RESIDENT_FRAMES`] (tests set fewer).
     pub resident_frames: usize,
@@ -1084,22 +1086,20 @@ impl GpuWhisper {
         Ok(())
     }
 
-    /// A window's host split into `encoder_host`: the mel's upload, recording and
-    /// submission, the wait (until now).
-    /// The kept encoder over frames `[start, start + len)` of `mel` (zero past them), read
+    /// The kept encoder over frames `[start, start + len)` of `data` (zero past them), read
     /// from `mel_wide`, into which the replay's prologue copies the window from the
     /// spectrogram kept in a host buffer (`ResidentMel`; both lay band m at float `m * cap`,
     /// so a window is one copy). A window the buffer does not hold is written into it first
-    /// (the band rows straight from `mel`, no window cut out); once the encoder is
+    /// (the band rows straight from `data`, no window cut out); once the encoder is
     /// submitted, while the GPU runs, the buffer is filled on to two windows past `start`
     /// (bytes after the window's, which the prologue does not copy), so that the
     /// recording's next window (a seek moves at most one window) costs the host nothing
     /// before the GPU starts. The host writes at most a window's frames each time, hidden
     /// behind the encoder. The first two windows record the encoder over `mel_wide` (its
     /// program kept from the second). False where the kept program is gone: the caller
-    /// encodes the window the other way.
-    /// `data`: a spectrogram band-major (`[n_mels][n_frames]`); `id`: what identifies it
-    /// as the same recording from window to window (None: a window of its own, never held).
+    /// encodes the window the other way. `data`: a spectrogram band-major
+    /// (`[n_mels][n_frames]`); `id`: what identifies it as the same recording from window
+    /// to window (None: a window of its own, never held).
     fn encode_resident(&mut self, data: &[f32], n_frames: usize, id: Option<(usize, usize)>, start: usize, len: usize) -> Result<bool> {
         let (frames, nm) = (2 * self.dims.audio_ctx, self.dims.n_mels);
         let n = len.min(frames).min(n_frames.saturating_sub(start));
@@ -1192,8 +1192,9 @@ impl GpuWhisper {
         Ok(true)
     }
 
-    /// Whether a window goes through `encode_resident`: the kept spectrogram on, replays on
-    /// and kept, and not the first window (recorded through wgpu).
+    /// Whether a window goes through `encode_resident`: the kept spectrogram on, the
+    /// encoder replayed and its program kept (not recorded every window), and not the
+    /// process's first window (recorded through wgpu).
     fn takes_resident(&self) -> bool {
         self.encoder_resident && self.encoder_replay && !self.encoder_rerecord && self.windows_encoded > 0 && self.replaying()
     }
@@ -1212,6 +1213,8 @@ impl GpuWhisper {
         }
     }
 
+    /// A window's host split into `encoder_host`: the mel's upload, recording and
+    /// submission, the wait (until now).
     fn add_encoder_host(&mut self, t_start: std::time::Instant, t_mel: std::time::Instant, t_submitted: std::time::Instant) {
         let h = &mut self.encoder_host;
         h.0 += (t_mel - t_start).as_secs_f64();
