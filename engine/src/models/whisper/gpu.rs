@@ -427,10 +427,12 @@ pub struct GpuWhisper {
     /// copied by the prologue from what the host wrote ahead, where the host would
     /// otherwise cut each out (a 960 KB vector) and write it before the GPU starts; a
     /// window of its own (`begin_window`) is written there and copied the same way, so
-    /// that a process builds one encoder program. On unless `VERBATIM_ENCODER_RESIDENT=0`:
-    /// H100, a window over a file 1.370-1.399 ms (tiny.en) against 1.48-1.55 cut out,
-    /// small.en 9.41 against 9.69 (RESULTS.md 2026-12-07, twenty-third session).
-    /// `verbatim bench` times both.
+    /// that a process builds one encoder program. Off unless `VERBATIM_ENCODER_RESIDENT=1`:
+    /// H100, a window over a file 1.379-1.399 ms (tiny.en) against 1.48-1.57 cut out,
+    /// small.en 9.41 against 9.69, but a window of its own 1.449-1.475 against 1.427-1.429
+    /// over the mel buffer (the prologue's one copy spans 9.5 MB of the kept layout), and
+    /// over real files in one process no clear gain (RESULTS.md 2026-12-07, twenty-third
+    /// session). `verbatim bench` times both.
     pub encoder_resident: bool,
     /// Frames the kept spectrogram holds at a time: [`RESIDENT_FRAMES`] (tests set fewer).
     pub resident_frames: usize,
@@ -847,7 +849,7 @@ impl GpuWhisper {
             windows_encoded: 0,
             encoder_kept: None,
             encoder_rerecord: std::env::var("VERBATIM_ENCODER_RERECORD").is_ok_and(|v| v == "1"),
-            encoder_resident: !std::env::var("VERBATIM_ENCODER_RESIDENT").is_ok_and(|v| v == "0"),
+            encoder_resident: std::env::var("VERBATIM_ENCODER_RESIDENT").is_ok_and(|v| v == "1"),
             resident_frames: RESIDENT_FRAMES,
             resident_windows: 0,
             resident: None,
