@@ -90,7 +90,9 @@ struct Staging {
 }
 
 // SAFETY: the mapping is written only through `&mut Replayer` (`Gpu` keeps it behind a
-// mutex), and only while the entry it belongs to is not in flight; a shared reference (the
+// mutex): an entry's staging only while the entry is not in flight, a host buffer
+// (`write_host`) whenever its caller says the bytes are not being copied (a write beside a
+// copy in flight is the GPU's concern, not memory safety's); a shared reference (the
 // pipelines' compilation on worker threads) never touches it.
 unsafe impl Send for Staging {}
 unsafe impl Sync for Staging {}
