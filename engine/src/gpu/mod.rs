@@ -28,13 +28,12 @@ pub struct Ticket;
 pub use recorder::{CmdSig, Cost, DispatchCache, Encoded, Kept, KernelStat, Profile, Recorder, Signature};
 
 /// What a kept replay's prologue does on the GPU besides its writes ([`Kept::submit_with`]):
-/// copies between buffers and zero fills, e.g. a window of a spectrogram kept on the device
-/// copied into the encoder's input, where writing it from the host cost ~0.06 ms a window.
+/// copies from host buffers and zero fills, e.g. a window of a spectrogram the host wrote
+/// ahead copied into the encoder's input.
 #[derive(Default)]
 pub struct Moves<'a> {
-    /// Source, destination, regions (source offset, destination offset, bytes).
-    pub copies: Vec<(&'a wgpu::Buffer, &'a wgpu::Buffer, Vec<(u64, u64, u64)>)>,
-    /// Copies from host buffers ([`Gpu::host_buffer`]): source, destination, regions.
+    /// Copies from host buffers ([`Gpu::host_buffer`]): source, destination, regions
+    /// (source offset, destination offset, bytes).
     pub host_copies: Vec<(&'a HostBuffer, &'a wgpu::Buffer, Vec<(u64, u64, u64)>)>,
     /// Buffer, byte offset, bytes set to zero (offsets and sizes multiples of 4).
     pub zeros: Vec<(&'a wgpu::Buffer, u64, u64)>,

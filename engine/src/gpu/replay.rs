@@ -689,11 +689,6 @@ impl Replayer {
                 }
             }
             // (the moves touch other bytes than the writes: callers')
-            for (src, dst, regions) in &moves.copies {
-                if !regions.is_empty() {
-                    self.raw.cmd_copy_buffer(cmd, *src, *dst, regions);
-                }
-            }
             for &(src, dst, regions) in &host_copies {
                 if !regions.is_empty() {
                     self.raw.cmd_copy_buffer(cmd, src, dst, regions);
@@ -883,11 +878,10 @@ impl Drop for Replayer {
     }
 }
 
-/// A prologue's copies between buffers (source, destination, regions) and zero fills
-/// (buffer, byte offset, bytes), on raw buffers.
+/// A prologue's copies from host buffers and zero fills (buffer, byte offset, bytes), on
+/// raw buffers.
 #[derive(Default)]
 pub(crate) struct RawMoves {
-    copies: Vec<(vk::Buffer, vk::Buffer, Vec<vk::BufferCopy>)>,
     /// Copies from host buffers (their ids, resolved by the replayer) to raw buffers.
     host_copies: Vec<(u64, vk::Buffer, Vec<vk::BufferCopy>)>,
     zeros: Vec<(vk::Buffer, u64, u64)>,
@@ -906,12 +900,6 @@ pub(crate) fn submit_recording(gpu: &super::Gpu, sig: &Signature, writes: &[(&wg
     for (b, off, data) in writes {
         inside(b, *off, data.len() as u64, "a write")?;
     }
-    for (src, dst, regions) in &moves.copies {
-        for &(s, d, n) in regions {
-            inside(src, s, n, "a copy's source")?;
-            inside(dst, d, n, "a copy's destination")?;
-        }
-    }
     for (_, dst, regions) in &moves.host_copies {
         for &(_, d, n) in regions {
             inside(dst, d, n, "a host copy's destination")?;
@@ -924,11 +912,6 @@ pub(crate) fn submit_recording(gpu: &super::Gpu, sig: &Signature, writes: &[(&wg
         writes.iter().map(|(b, off, data)| Ok((raw_buffer(b)?, *off, *data))).collect::<Result<_>>()?;
     let region = |&(src_offset, dst_offset, size): &(u64, u64, u64)| vk::BufferCopy { src_offset, dst_offset, size };
     let raw_moves = RawMoves {
-        copies: moves
-            .copies
-            .iter()
-            .map(|(src, dst, regions)| Ok((raw_buffer(src)?, raw_buffer(dst)?, regions.iter().map(region).collect())))
-            .collect::<Result<_>>()?,
         host_copies: moves
             .host_copies
             .iter()
