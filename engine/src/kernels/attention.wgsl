@@ -1194,3 +1194,86 @@ fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
         o_planes[plane + at] = w.y;
     }
 }
+
+// `main_merge_planes4`: main_merge_planes with a thread per four dimensions of a (row, head)
+// of head_dim 64: 16 threads a pair, 16 pairs a workgroup of 256 (grid: ceil(rows_pad heads
+// / 16)). main_merge_planes' workgroup of 64 a pair ran 1504 x 6 of them for a tiny.en
+// layer, two threads' worth of loads each and the row through workgroup memory: ~12 us a
+// layer for ~12 MB moved. Each dimension takes merged()'s arithmetic in split order (the
+// same exp, fmas, sum and division), so the words are main_merge_planes'; splits up to four
+// in one trip of loads, more in a loop.
+@compute @workgroup_size(256)
+fn main_merge_planes4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let pair = wg.x * 16u + lid / 16u;
+    let qi = pair / p.heads;
+    let h = pair % p.heads;
+    if (qi >= p.rows_pad) {
+        return;
+    }
+    let c = 4u * (lid % 16u);
+    var r = vec4<f32>(0.0);
+    if (qi < p.tq) {
+        let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
+        let ps = 66u;
+        let base = (qi * p.heads + h) * n_splits * ps;
+        var mx = NEG;
+        var l = 0.0;
+        var acc = vec4<f32>(0.0);
+        if (n_splits <= 4u) {
+            let last = n_splits - 1u;
+            let pb = vec4<u32>(base, base + min(1u, last) * ps, base + min(2u, last) * ps, base + min(3u, last) * ps);
+            let m = vec4<f32>(q[pb.x], q[pb.y], q[pb.z], q[pb.w]);
+            let ls = vec4<f32>(q[pb.x + 1u], q[pb.y + 1u], q[pb.z + 1u], q[pb.w + 1u]);
+            let vb = pb + vec4<u32>(2u + c);
+            let a0 = vec4<f32>(q[vb.x], q[vb.x + 1u], q[vb.x + 2u], q[vb.x + 3u]);
+            let a1 = vec4<f32>(q[vb.y], q[vb.y + 1u], q[vb.y + 2u], q[vb.y + 3u]);
+            let a2 = vec4<f32>(q[vb.z], q[vb.z + 1u], q[vb.z + 2u], q[vb.z + 3u]);
+            let a3 = vec4<f32>(q[vb.w], q[vb.w + 1u], q[vb.w + 2u], q[vb.w + 3u]);
+            mx = max(max(max(max(NEG, m.x), m.y), m.z), m.w);
+            if (ls.x > 0.0) {
+                let w = exp(m.x - mx);
+                l += ls.x * w;
+                acc = fma(a0, vec4<f32>(w), acc);
+            }
+            if (1u < n_splits && ls.y > 0.0) {
+                let w = exp(m.y - mx);
+                l += ls.y * w;
+                acc = fma(a1, vec4<f32>(w), acc);
+            }
+            if (2u < n_splits && ls.z > 0.0) {
+                let w = exp(m.z - mx);
+                l += ls.z * w;
+                acc = fma(a2, vec4<f32>(w), acc);
+            }
+            if (3u < n_splits && ls.w > 0.0) {
+                let w = exp(m.w - mx);
+                l += ls.w * w;
+                acc = fma(a3, vec4<f32>(w), acc);
+            }
+        } else {
+            for (var s = 0u; s < n_splits; s++) {
+                mx = max(mx, q[base + s * ps]);
+            }
+            for (var s = 0u; s < n_splits; s++) {
+                let pb = base + s * ps;
+                let ls = q[pb + 1u];
+                if (ls > 0.0) {
+                    let w = exp(q[pb] - mx);
+                    l += ls * w;
+                    let b = pb + 2u + c;
+                    acc = fma(vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]), vec4<f32>(w), acc);
+                }
+            }
+        }
+        r = acc / vec4<f32>(l);
+    }
+    let half_row = p.heads * 32u;
+    let plane = p.rows_pad * half_row;
+    let at = qi * half_row + h * 32u + c / 2u;
+    let w0 = split_pair(r.x, r.y);
+    let w1 = split_pair(r.z, r.w);
+    o_planes[at] = w0.x;
+    o_planes[at + 1u] = w1.x;
+    o_planes[plane + at] = w0.y;
+    o_planes[plane + at + 1u] = w1.y;
+}
