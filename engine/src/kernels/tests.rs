@@ -1863,8 +1863,9 @@ fn run_merged_with(kern: &Kernels, r: &mut StdRng, tq: usize, tk: usize, heads: 
 }
 
 /// The decode cross-attention in narrower key splits (`VERBATIM_CROSS_SPLIT_KEYS`): 128
-/// keys (twelve splits over 1500 frames: the merging GEMV's loop past eight, small.en's 144
-/// (head, split) pairs), 192 (eight) and 96, as a verify pass's rows and merged into the
+/// keys (twelve splits over 1500 frames: the merging GEMV's loads of sixteen splits,
+/// small.en's 144 (head, split) pairs), 192 (eight), 96 (sixteen) and 32 (seventeen over 530
+/// keys: its loop), as a verify pass's rows and merged into the
 /// output projection; every row bit for bit its query alone, the reference within
 /// rounding, outputs poisoned first. The causal self-attention keeps 256 keys a split.
 #[test]
@@ -1897,6 +1898,10 @@ fn cross_attention_in_narrower_splits_matches_reference() {
         let causal = AttentionArgs { causal: Some(1400), tk: 1500, ..args };
         assert_eq!(kern.split_keys(&causal), ATTENTION_SPLIT_KEYS);
     }
+    // Seventeen splits: past the merging GEMV's sixteen loaded at once, its loop.
+    let mut kern = Kernels::load(g).unwrap();
+    kern.cross_split_keys = 32;
+    run_merged_with(&kern, &mut r, 3, 530, 2, 64, 40, true, false);
 }
 
 #[test]
