@@ -1202,6 +1202,16 @@ fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
 // layer for ~12 MB moved. Each dimension takes merged()'s arithmetic in split order (the
 // same exp, fmas, sum and division), so the words are main_merge_planes'; splits up to four
 // in one trip of loads, more in a loop.
+// One split (max m, sum ls, four dimensions a of its sum of p v) into the merge's running
+// sum and accumulator, where it is one (`on`) and holds keys: merged()'s arithmetic.
+fn merge_split4(on: bool, m: f32, ls: f32, a: vec4<f32>, mx: f32, l: ptr<function, f32>, acc: ptr<function, vec4<f32>>) {
+    if (on && ls > 0.0) {
+        let w = exp(m - mx);
+        *l += ls * w;
+        *acc = fma(a, vec4<f32>(w), *acc);
+    }
+}
+
 @compute @workgroup_size(256)
 fn main_merge_planes4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let pair = wg.x * 16u + lid / 16u;
@@ -1230,26 +1240,10 @@ fn main_merge_planes4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
             let a2 = vec4<f32>(q[vb.z], q[vb.z + 1u], q[vb.z + 2u], q[vb.z + 3u]);
             let a3 = vec4<f32>(q[vb.w], q[vb.w + 1u], q[vb.w + 2u], q[vb.w + 3u]);
             mx = max(max(max(max(NEG, m.x), m.y), m.z), m.w);
-            if (ls.x > 0.0) {
-                let w = exp(m.x - mx);
-                l += ls.x * w;
-                acc = fma(a0, vec4<f32>(w), acc);
-            }
-            if (1u < n_splits && ls.y > 0.0) {
-                let w = exp(m.y - mx);
-                l += ls.y * w;
-                acc = fma(a1, vec4<f32>(w), acc);
-            }
-            if (2u < n_splits && ls.z > 0.0) {
-                let w = exp(m.z - mx);
-                l += ls.z * w;
-                acc = fma(a2, vec4<f32>(w), acc);
-            }
-            if (3u < n_splits && ls.w > 0.0) {
-                let w = exp(m.w - mx);
-                l += ls.w * w;
-                acc = fma(a3, vec4<f32>(w), acc);
-            }
+            merge_split4(true, m.x, ls.x, a0, mx, &l, &acc);
+            merge_split4(1u < n_splits, m.y, ls.y, a1, mx, &l, &acc);
+            merge_split4(2u < n_splits, m.z, ls.z, a2, mx, &l, &acc);
+            merge_split4(3u < n_splits, m.w, ls.w, a3, mx, &l, &acc);
         } else {
             for (var s = 0u; s < n_splits; s++) {
                 mx = max(mx, q[base + s * ps]);
@@ -1258,10 +1252,8 @@ fn main_merge_planes4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
                 let pb = base + s * ps;
                 let ls = q[pb + 1u];
                 if (ls > 0.0) {
-                    let w = exp(q[pb] - mx);
-                    l += ls * w;
                     let b = pb + 2u + c;
-                    acc = fma(vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]), vec4<f32>(w), acc);
+                    merge_split4(true, q[pb], ls, vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]), mx, &l, &acc);
                 }
             }
         }

@@ -1862,6 +1862,22 @@ fn run_merged_with(kern: &Kernels, r: &mut StdRng, tq: usize, tk: usize, heads: 
     }
 }
 
+/// One query of one head of 64 over `tk` keys, no mask, every row on `buf`: for what the
+/// split launchers decide, not for values.
+fn one_query_args(buf: &Buffer, tk: u32) -> AttentionArgs<'_> {
+    AttentionArgs {
+        q: Rows::new(buf, 64),
+        k: Rows::new(buf, 64),
+        v: Rows::new(buf, 64),
+        out: Rows::new(buf, 64),
+        tq: 1,
+        tk,
+        heads: 1,
+        head_dim: 64,
+        causal: None,
+    }
+}
+
 /// The decode cross-attention in narrower key splits (`VERBATIM_CROSS_SPLIT_KEYS`): 128
 /// keys (twelve splits over 1500 frames: the merging GEMV's loads of sixteen splits,
 /// small.en's 144 (head, split) pairs), 192 (eight), 96 (sixteen) and 32 (seventeen over 530
@@ -1882,17 +1898,7 @@ fn cross_attention_in_narrower_splits_matches_reference() {
         run_merged_with(&kern, &mut r, 2, 300, 3, 64, 40, true, false);
         // The splits the merge is told of are the attention's.
         let buf = poisoned(64 * 6);
-        let args = AttentionArgs {
-            q: Rows::new(&buf, 64),
-            k: Rows::new(&buf, 64),
-            v: Rows::new(&buf, 64),
-            out: Rows::new(&buf, 64),
-            tq: 1,
-            tk: 1500,
-            heads: 1,
-            head_dim: 64,
-            causal: None,
-        };
+        let args = one_query_args(&buf, 1500);
         let mut rec = g.recorder();
         assert_eq!(kern.attention_unmerged(&mut rec, &args, false).unwrap(), Some(1500u32.div_ceil(keys)));
         let causal = AttentionArgs { causal: Some(1400), tk: 1500, ..args };
@@ -1929,17 +1935,7 @@ fn attention_merged_into_the_projection_matches_reference() {
     let kern = Kernels::load(g).unwrap();
     let buf = poisoned(64 * 6);
     let mut rec = g.recorder();
-    let args = AttentionArgs {
-        q: Rows::new(&buf, 64),
-        k: Rows::new(&buf, 64),
-        v: Rows::new(&buf, 64),
-        out: Rows::new(&buf, 64),
-        tq: 1,
-        tk: 100,
-        heads: 1,
-        head_dim: 64,
-        causal: None,
-    };
+    let args = one_query_args(&buf, 100);
     assert_eq!(kern.attention_unmerged(&mut rec, &args, true).unwrap(), None);
     // More than a prompt's eight queries split only as a verify pass's rows.
     let nine = poisoned(9 * 64 * 2);
