@@ -1195,13 +1195,6 @@ fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     }
 }
 
-// `main_merge_planes4`: main_merge_planes with a thread per four dimensions of a (row, head)
-// of head_dim 64: 16 threads a pair, 16 pairs a workgroup of 256 (grid: ceil(rows_pad heads
-// / 16)). main_merge_planes' workgroup of 64 a pair ran 1504 x 6 of them for a tiny.en
-// layer, two threads' worth of loads each and the row through workgroup memory: ~12 us a
-// layer for ~12 MB moved. Each dimension takes merged()'s arithmetic in split order (the
-// same exp, fmas, sum and division), so the words are main_merge_planes'; splits up to four
-// in one trip of loads, more in a loop.
 // One split (max m, sum ls, four dimensions a of its sum of p v) into the merge's running
 // sum and accumulator, where it is one (`on`) and holds keys: merged()'s arithmetic.
 fn merge_split4(on: bool, m: f32, ls: f32, a: vec4<f32>, mx: f32, l: ptr<function, f32>, acc: ptr<function, vec4<f32>>) {
@@ -1212,6 +1205,13 @@ fn merge_split4(on: bool, m: f32, ls: f32, a: vec4<f32>, mx: f32, l: ptr<functio
     }
 }
 
+// `main_merge_planes4`: main_merge_planes with a thread per four dimensions of a (row, head)
+// of head_dim 64: 16 threads a pair, 16 pairs a workgroup of 256 (grid: ceil(rows_pad heads
+// / 16)). main_merge_planes' workgroup of 64 a pair ran 1504 x 6 of them for a tiny.en
+// layer, two threads' worth of loads each and the row through workgroup memory: ~12 us a
+// layer for ~12 MB moved. Each dimension takes merged()'s arithmetic in split order (the
+// same exp, fmas, sum and division), so the words are main_merge_planes'; splits up to four
+// in one trip of loads, more in a loop.
 @compute @workgroup_size(256)
 fn main_merge_planes4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let pair = wg.x * 16u + lid / 16u;
