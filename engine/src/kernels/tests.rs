@@ -1879,9 +1879,9 @@ fn one_query_args(buf: &Buffer, tk: u32) -> AttentionArgs<'_> {
 }
 
 /// The decode cross-attention in narrower key splits (`VERBATIM_CROSS_SPLIT_KEYS`): 128
-/// keys (twelve splits over 1500 frames: the merging GEMV's loads of sixteen splits,
-/// small.en's 144 (head, split) pairs), 192 (eight), 96 (sixteen) and 32 (seventeen over 530
-/// keys: its loop), as a verify pass's rows and merged into the
+/// keys (twelve splits over 1500 frames: the merging GEMV's loop past eight, small.en's 144
+/// (head, split) pairs), 192 (eight: its loads at once), 96 (sixteen) and 32 (seventeen over
+/// 530 keys), as a verify pass's rows and merged into the
 /// output projection; every row bit for bit its query alone, the reference within
 /// rounding, outputs poisoned first. The causal self-attention keeps 256 keys a split.
 #[test]
@@ -1904,7 +1904,7 @@ fn cross_attention_in_narrower_splits_matches_reference() {
         let causal = AttentionArgs { causal: Some(1400), tk: 1500, ..args };
         assert_eq!(kern.split_keys(&causal), ATTENTION_SPLIT_KEYS);
     }
-    // Seventeen splits: past the merging GEMV's sixteen loaded at once, its loop.
+    // Seventeen splits over fewer keys: a split of the last few keys.
     let mut kern = Kernels::load(g).unwrap();
     kern.cross_split_keys = 32;
     run_merged_with(&kern, &mut r, 3, 530, 2, 64, 40, true, false);
