@@ -1164,36 +1164,8 @@ fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-// `main_merge_planes`: main_merge writing the output rows ([tq][heads d]) as the f16 hi/lo
-// planes the next GEMM reads (split_f16.wgsl main_rows' layout: [2][rows_pad][heads d], rows
-// from tq to rows_pad zero; a workgroup per padded row and head), so the split between the
-// attention and the out projection goes. The values are main_merge's (the same function),
-// split as main_rows splits them.
+// main_merge_planes' output: the GEMM planes.
 @group(0) @binding(5) var<storage, read_write> o_planes: array<u32>;
-
-var<workgroup> mrow: array<f32, MAXD>;
-
-@compute @workgroup_size(64)
-fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let qi = wg.x;
-    let h = wg.y;
-    let d = p.d;
-    var r = vec2<f32>(0.0);
-    if (qi < p.tq) {
-        r = merged(qi, h, lid);
-    }
-    mrow[lid] = r.x;
-    mrow[lid + 64u] = r.y;
-    workgroupBarrier();
-    let half_row = p.heads * d / 2u;
-    let plane = p.rows_pad * half_row;
-    if (lid < d / 2u) {
-        let w = split_pair(mrow[2u * lid], mrow[2u * lid + 1u]);
-        let at = qi * half_row + h * d / 2u + lid;
-        o_planes[at] = w.x;
-        o_planes[plane + at] = w.y;
-    }
-}
 
 // One split (max m, sum ls, four dimensions a of its sum of p v) into the merge's running
 // sum and accumulator, where it is one (`on`) and holds keys: merged()'s arithmetic.
@@ -1205,15 +1177,18 @@ fn merge_split4(on: bool, m: f32, ls: f32, a: vec4<f32>, mx: f32, l: ptr<functio
     }
 }
 
-// `main_merge_planes4`: main_merge_planes with a thread per four dimensions of a (row, head)
-// of head_dim 64: 16 threads a pair, 16 pairs a workgroup of 256 (grid: ceil(rows_pad heads
-// / 16)). main_merge_planes' workgroup of 64 a pair ran 1504 x 6 of them for a tiny.en
-// layer, two threads' worth of loads each and the row through workgroup memory: ~12 us a
-// layer for ~12 MB moved. Each dimension takes merged()'s arithmetic in split order (the
-// same exp, fmas, sum and division), so the words are main_merge_planes'; splits up to four
-// in one trip of loads, more in a loop.
+// `main_merge_planes`: main_merge writing the output rows ([tq][heads d], head_dim 64) as
+// the f16 hi/lo planes the next GEMM reads (split_f16.wgsl main_rows' layout: [2][rows_pad]
+// [heads d], rows from tq to rows_pad zero), so the split between the attention and the out
+// projection goes. A thread per four dimensions of a (row, head): 16 threads a pair, 16 pairs
+// a workgroup of 256 (grid: ceil(rows_pad heads / 16)). A workgroup of 64 a pair (1504 x 6
+// of them a tiny.en layer, the row through workgroup memory) took 12.1 us a tiny.en layer
+// and 18.1 a small.en one; this 8.5 and 12.3 (H100, RESULTS 2026-12-07). Each dimension
+// takes merged()'s arithmetic in split order (the same exp, fmas, sum and division), so the
+// words are main_merge's split as main_rows splits them; splits up to four in one trip of
+// loads, more in a loop.
 @compute @workgroup_size(256)
-fn main_merge_planes4(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let pair = wg.x * 16u + lid / 16u;
     let qi = pair / p.heads;
     let h = pair % p.heads;

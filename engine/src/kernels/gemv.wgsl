@@ -44,7 +44,7 @@ var<workgroup> red: array<vec2<f32>, 2048>; // [KG][MAXM][CP]
 // Flag 32: each (head, split)'s weight exp(m_s - max) / l, and the merged row.
 const MAXK_MERGE: u32 = 1280u; // d_model (GEMV_MERGE_MAX_K in mod.rs)
 const NEG: f32 = -3.0e38;
-var<workgroup> mw: array<f32, 192>; // [heads][splits] (GEMV_MERGE_MAX_PARTS)
+var<workgroup> mw: array<f32, 128>; // [heads][splits] (GEMV_MERGE_MAX_PARTS)
 var<workgroup> xm: array<f32, MAXK_MERGE>;
 
 fn merge_on() -> bool {

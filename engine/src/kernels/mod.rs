@@ -469,7 +469,7 @@ const GEMV_FLAG_LAYERNORM: u32 = 16;
 const GEMV_FLAG_MERGE: u32 = 32;
 /// Limits of that merge (gemv.wgsl's workgroup arrays): the row's width, heads x splits.
 const GEMV_MERGE_MAX_K: u32 = 1280;
-const GEMV_MERGE_MAX_PARTS: u32 = 192;
+const GEMV_MERGE_MAX_PARTS: u32 = 128;
 
 /// Split a 1-D count of workgroups into an (x, y) grid the kernels fold back with
 /// `x + y * 32768` (the per-dimension limit is 65535).
@@ -908,10 +908,6 @@ pub struct Kernels {
     /// Its keys per split: [`ATTENTION_COOP_SPLIT_KEYS`], or
     /// `VERBATIM_ATTENTION_COOP_SPLIT_KEYS` (a multiple of 32, to compare on a device).
     attention_coop_split_keys: u32,
-    /// Keys per split of the decode cross-attention (no mask; steps and verify passes
-    /// alike): [`ATTENTION_SPLIT_KEYS`], or `VERBATIM_CROSS_SPLIT_KEYS` (a multiple of 32
-    /// up to 256, to compare on a device).
-    cross_split_keys: u32,
     /// A fused Q|K|V into f16 hi/lo head planes (split_f16.wgsl main_heads).
     split_heads: Arc<Kernel>,
     /// Those planes, [6][heads][t_pad][64] f16, sized by
@@ -987,9 +983,6 @@ pub struct Kernels {
     attention_merge: Arc<Kernel>,
     /// main_merge writing the next GEMM's planes (attention.wgsl main_merge_planes).
     attention_merge_planes: Arc<Kernel>,
-    /// main_merge_planes4 (a thread per four dimensions) in its place where
-    /// `VERBATIM_MERGE_PLANES4=1` (to compare on a device).
-    attention_merge_planes4: Option<Arc<Kernel>>,
     /// Partials of the split attention: [query][head][split][head_dim + 2].
     attention_partials: Buffer,
     embed: Arc<Kernel>,
@@ -1206,13 +1199,6 @@ impl Kernels {
                 },
                 _ => ATTENTION_COOP_SPLIT_KEYS,
             },
-            cross_split_keys: match std::env::var("VERBATIM_CROSS_SPLIT_KEYS") {
-                Ok(v) if !v.is_empty() => match v.parse::<u32>() {
-                    Ok(k) if k > 0 && k % 32 == 0 && k <= ATTENTION_SPLIT_KEYS => k,
-                    _ => return Err(Error::Invalid(format!("VERBATIM_CROSS_SPLIT_KEYS={v}: a multiple of 32 up to {ATTENTION_SPLIT_KEYS}"))),
-                },
-                _ => ATTENTION_SPLIT_KEYS,
-            },
             split_heads: gpu.kernel_entry("split_f16_heads", SPLIT_F16_SOURCE, "main_heads", &[R, W])?,
             head_planes: None,
             gemv: gpu.kernel("gemv_f16", GEMV_SOURCE, &[R, R, R, R, R, W])?,
@@ -1290,11 +1276,7 @@ impl Kernels {
                 false => Some(gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W])?),
             },
             attention_merge: gpu.kernel_entry("attention_merge", &switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", env_on("VERBATIM_MERGE_ONE_TRIP"))?, "main_merge", &[R, R, R, W])?,
-            attention_merge_planes: gpu.kernel_entry("attention_merge_planes", &switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", env_on("VERBATIM_MERGE_ONE_TRIP"))?, "main_merge_planes", &[R, R, R, W, W])?,
-            attention_merge_planes4: match std::env::var("VERBATIM_MERGE_PLANES4").is_ok_and(|v| v == "1") {
-                true => Some(gpu.kernel_entry("attention_merge_planes4", ATTENTION_SOURCE, "main_merge_planes4", &[R, R, R, W, W])?),
-                false => None,
-            },
+            attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W, W])?,
             no_grids: gpu.buffer("no gated grids", 4)?,
@@ -2193,8 +2175,7 @@ impl Kernels {
     fn attention_upto(&self, rec: &mut Recorder, a: &AttentionArgs, few: u32, pass: bool) -> Result<()> {
         let (mut params, cost) = attention_params(a)?;
         let bufs = [a.q.buf, a.k.buf, a.v.buf, a.out.buf];
-        params.split_keys = self.split_keys(a);
-        let n_splits = a.tk.div_ceil(params.split_keys);
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
         if a.tq <= few && n_splits == 1 {
             // Keys fit one split (a decode step's self-attention): one dispatch, no merge.
             params.direct = 1;
@@ -2233,7 +2214,7 @@ impl Kernels {
     /// them as it reads its input) and the split count is returned. None: the attention
     /// was recorded whole into `a.out`.
     pub fn attention_unmerged(&self, rec: &mut Recorder, a: &AttentionArgs, rows: bool) -> Result<Option<u32>> {
-        let n_splits = a.tk.div_ceil(self.split_keys(a));
+        let n_splits = a.tk.div_ceil(ATTENTION_SPLIT_KEYS);
         let partials = a.tq as u64 * a.heads as u64 * n_splits as u64 * (a.head_dim as u64 + 2);
         let few = if rows { VERIFY_MAX_ROWS } else { ATTENTION_TILED_MIN_QUERIES.min(GEMV_MAX_ROWS) };
         let fits = a.tq <= few
@@ -2245,21 +2226,11 @@ impl Kernels {
             self.attention_for(rec, a, rows)?;
             return Ok(None);
         }
-        let (mut params, cost) = attention_params(a)?;
-        params.split_keys = self.split_keys(a);
+        let (params, cost) = attention_params(a)?;
         let split_cost = Cost { bytes: cost.bytes + partials * 4, flops: cost.flops };
         let bufs = [a.q.buf, a.k.buf, a.v.buf, &self.attention_partials];
         self.dispatch_split(rec, a, bytemuck::bytes_of(&params), bufs, n_splits, split_cost, rows)?;
         Ok(Some(n_splits))
-    }
-
-    /// Keys per split of the split attention for `a`: the cross-attention's (no mask) may
-    /// be set apart; the causal self-attention keeps [`ATTENTION_SPLIT_KEYS`].
-    fn split_keys(&self, a: &AttentionArgs) -> u32 {
-        match a.causal {
-            None => self.cross_split_keys,
-            Some(_) => ATTENTION_SPLIT_KEYS,
-        }
     }
 
     /// The split attention's partials for `a` in `n_splits` splits: main_split_rows where
@@ -2472,10 +2443,8 @@ impl Kernels {
         params.rows_pad = rows_pad;
         let cost = Cost { bytes: partials * 4 + rows_pad as u64 * a.heads as u64 * 64 * 4, flops: partials * 2 };
         // (`o` is not written by this entry: the zero buffer fills its binding)
-        if let Some(k4) = &self.attention_merge_planes4 {
-            return rec.dispatch(k4, bytemuck::bytes_of(&params), &[part, part, part, &self.zero, gp], [(rows_pad * a.heads).div_ceil(16), 1, 1], cost);
-        }
-        rec.dispatch(&self.attention_merge_planes, bytemuck::bytes_of(&params), &[part, part, part, &self.zero, gp], [rows_pad, a.heads, 1], cost)
+        // (16 (row, head) pairs a workgroup)
+        rec.dispatch(&self.attention_merge_planes, bytemuck::bytes_of(&params), &[part, part, part, &self.zero, gp], [(rows_pad * a.heads).div_ceil(16), 1, 1], cost)
     }
 
     /// The register-blocked kernel (attention_blocked.wgsl) whatever the query count and

@@ -1526,18 +1526,15 @@ impl CrossCase {
 }
 
 fn run_cross_rows(r: &mut StdRng, m: usize, tk: usize, heads: usize) {
-    run_cross_rows_with(&Kernels::load(gpu()).unwrap(), r, m, tk, heads);
-}
-
-fn run_cross_rows_with(kern: &Kernels, r: &mut StdRng, m: usize, tk: usize, heads: usize) {
     let g = gpu();
+    let kern = Kernels::load(g).unwrap();
     let hd = heads * 64;
     let case = CrossCase::new(g, r, m, tk, heads);
-    let got = case.run(g, kern, 0..m, true);
+    let got = case.run(g, &kern, 0..m, true);
     let e = rel_err(&got, &case.reference());
     assert!(e < 1e-5, "cross-attention rows m={m} tk={tk} h={heads}: rel err {e}");
     for i in 0..m {
-        let lone = case.run(g, kern, i..i + 1, false);
+        let lone = case.run(g, &kern, i..i + 1, false);
         for (c, (a, b)) in got[i * hd..(i + 1) * hd].iter().zip(&lone).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "cross-attention rows m={m} tk={tk}: row {i} element {c} is {a}, alone {b}");
         }
@@ -1662,20 +1659,6 @@ fn attention_merged_into_planes_matches_the_split() {
     let g = gpu();
     let mut kern = Kernels::load(g).unwrap();
     let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32() as f64;
-    // The merge with its loops (MERGE_ONE_TRIP = false): the same words.
-    let mut looped = Kernels::load(g).unwrap();
-    {
-        use Access::{Read as R, ReadWrite as W};
-        let src = switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", false).unwrap();
-        assert!(src.contains("const MERGE_ONE_TRIP: bool = false;"));
-        looped.attention_merge_planes = g.kernel_entry("attention_merge_planes_looped", &src, "main_merge_planes", &[R, R, R, W, W]).unwrap();
-    }
-    // main_merge_planes4 (a thread per four dimensions, `VERBATIM_MERGE_PLANES4=1`): the same words.
-    let mut four = Kernels::load(g).unwrap();
-    {
-        use Access::{Read as R, ReadWrite as W};
-        four.attention_merge_planes4 = Some(g.kernel_entry("attention_merge_planes4", ATTENTION_SOURCE, "main_merge_planes4", &[R, R, R, W, W]).unwrap());
-    }
     // Three, four and seven splits (past the one trip's four).
     for &(t, heads, split_keys) in &[(70usize, 2usize, 32u32), (37, 3, 10), (129, 1, 45), (70, 1, 10)] {
         let (hd, t_pad) = (heads * 64, t.next_multiple_of(64));
@@ -1707,20 +1690,6 @@ fn attention_merged_into_planes_matches_the_split() {
         kern.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
         rec.submit(None).unwrap();
         let got = plane_words(&planes, 0, 2 * plane);
-        g.fill_u32(&planes, NAN_BITS);
-        looped.planes = Some(planes.clone());
-        looped.blocked_partials = kern.blocked_partials.clone();
-        let mut rec = g.recorder();
-        looped.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
-        rec.submit(None).unwrap();
-        assert_eq!(got, plane_words(&planes, 0, 2 * plane), "one trip against the loops, t={t} heads={heads} split {split_keys}");
-        g.fill_u32(&planes, NAN_BITS);
-        four.planes = Some(planes.clone());
-        four.blocked_partials = kern.blocked_partials.clone();
-        let mut rec = g.recorder();
-        four.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
-        rec.submit(None).unwrap();
-        assert_eq!(got, plane_words(&planes, 0, 2 * plane), "four dimensions a thread, t={t} heads={heads} split {split_keys}");
         g.fill_u32(&planes, NAN_BITS);
         let mut rec = g.recorder();
         kern.split_into_planes(&mut rec, Rows::new(&ob, hd), t as u32, hd as u32).unwrap();
@@ -1801,12 +1770,8 @@ fn attention_blocked_matches_reference() {
 /// the shape has it, against main_split a query).
 #[allow(clippy::too_many_arguments)]
 fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: usize, bias: bool, accumulate: bool) {
-    run_merged_with(&Kernels::load(gpu()).unwrap(), r, tq, tk, heads, d, n, bias, accumulate);
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_merged_with(kern: &Kernels, r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: usize, bias: bool, accumulate: bool) {
     let g = gpu();
+    let kern = Kernels::load(g).unwrap();
     let hd = heads * d;
     let q = rand_vec(r, tq * hd, 1.0);
     let k = rand_vec(r, tk * hd, 1.0);
@@ -1876,38 +1841,6 @@ fn one_query_args(buf: &Buffer, tk: u32) -> AttentionArgs<'_> {
         head_dim: 64,
         causal: None,
     }
-}
-
-/// The decode cross-attention in narrower key splits (`VERBATIM_CROSS_SPLIT_KEYS`): 128
-/// keys (twelve splits over 1500 frames: the merging GEMV's loop past eight, small.en's 144
-/// (head, split) pairs), 192 (eight: its loads at once), 96 (sixteen) and 32 (seventeen over
-/// 530 keys), as a verify pass's rows and merged into the
-/// output projection; every row bit for bit its query alone, the reference within
-/// rounding, outputs poisoned first. The causal self-attention keeps 256 keys a split.
-#[test]
-fn cross_attention_in_narrower_splits_matches_reference() {
-    let mut r = rng("cross_split_keys");
-    let g = gpu();
-    for keys in [128u32, 192, 96] {
-        let mut kern = Kernels::load(g).unwrap();
-        kern.cross_split_keys = keys;
-        run_cross_rows_with(&kern, &mut r, 6, 1500, 2);
-        run_cross_rows_with(&kern, &mut r, 5, keys as usize + 1, 1);
-        run_merged_with(&kern, &mut r, 1, 1500, 12, 64, 70, true, true);
-        run_merged_with(&kern, &mut r, 7, 1500, 6, 64, 384, false, false);
-        run_merged_with(&kern, &mut r, 2, 300, 3, 64, 40, true, false);
-        // The splits the merge is told of are the attention's.
-        let buf = poisoned(64 * 6);
-        let args = one_query_args(&buf, 1500);
-        let mut rec = g.recorder();
-        assert_eq!(kern.attention_unmerged(&mut rec, &args, false).unwrap(), Some(1500u32.div_ceil(keys)));
-        let causal = AttentionArgs { causal: Some(1400), tk: 1500, ..args };
-        assert_eq!(kern.split_keys(&causal), ATTENTION_SPLIT_KEYS);
-    }
-    // Seventeen splits over fewer keys: a split of the last few keys.
-    let mut kern = Kernels::load(g).unwrap();
-    kern.cross_split_keys = 32;
-    run_merged_with(&kern, &mut r, 3, 530, 2, 64, 40, true, false);
 }
 
 #[test]
