@@ -1827,22 +1827,6 @@ fn run_merged(r: &mut StdRng, tq: usize, tk: usize, heads: usize, d: usize, n: u
     }
 }
 
-/// One query of one head of 64 over `tk` keys, no mask, every row on `buf`: for what the
-/// split launchers decide, not for values.
-fn one_query_args(buf: &Buffer, tk: u32) -> AttentionArgs<'_> {
-    AttentionArgs {
-        q: Rows::new(buf, 64),
-        k: Rows::new(buf, 64),
-        v: Rows::new(buf, 64),
-        out: Rows::new(buf, 64),
-        tq: 1,
-        tk,
-        heads: 1,
-        head_dim: 64,
-        causal: None,
-    }
-}
-
 #[test]
 fn attention_merged_into_the_projection_matches_reference() {
     let mut r = rng("attention_merged");
@@ -1868,7 +1852,17 @@ fn attention_merged_into_the_projection_matches_reference() {
     let kern = Kernels::load(g).unwrap();
     let buf = poisoned(64 * 6);
     let mut rec = g.recorder();
-    let args = one_query_args(&buf, 100);
+    let args = AttentionArgs {
+        q: Rows::new(&buf, 64),
+        k: Rows::new(&buf, 64),
+        v: Rows::new(&buf, 64),
+        out: Rows::new(&buf, 64),
+        tq: 1,
+        tk: 100,
+        heads: 1,
+        head_dim: 64,
+        causal: None,
+    };
     assert_eq!(kern.attention_unmerged(&mut rec, &args, true).unwrap(), None);
     // More than a prompt's eight queries split only as a verify pass's rows.
     let nine = poisoned(9 * 64 * 2);
