@@ -1066,44 +1066,56 @@ fn main_split_rows(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
 }
 
 // Up to four splits (the encoder's attention_coop takes four): every split's m, l and this
-// thread's two values loaded at once (split indices clamped to the last: a copy of a split
+// thread's values loaded at once (split indices clamped to the last: a copy of a split
 // leaves the max as it is and is not added), then the loops' arithmetic below. The loops
 // load the maxima, then the rest: two round trips. MERGE_ONE_TRIP = false (kernels/mod.rs,
 // VERBATIM_MERGE_ONE_TRIP=0) keeps them, to compare; the same words.
 const MERGE_ONE_TRIP: bool = true;
 
-// Query qi, head h merged over its splits: output dimensions lid and lid + 64 (lanes past d
-// read dimension d - 1 and drop it).
-fn merged(qi: u32, h: u32, lid: u32) -> vec2<f32> {
-    let d = p.d;
-    let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
-    let ps = d + 2u;
-    let base = (qi * p.heads + h) * n_splits * ps;
+// One split (max m, sum ls, four values a of its sum of p v) into the merge's running sum
+// and accumulator, where it is one (`on`) and holds keys.
+fn merge_split4(on: bool, m: f32, ls: f32, a: vec4<f32>, mx: f32, l: ptr<function, f32>, acc: ptr<function, vec4<f32>>) {
+    if (on && ls > 0.0) {
+        let w = exp(m - mx);
+        *l += ls * w;
+        *acc = fma(a, vec4<f32>(w), *acc);
+    }
+}
+
+// Split s's four values at offsets `cols` of its partial (from pb).
+fn split_cols(pb: u32, cols: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(q[pb + cols.x], q[pb + cols.y], q[pb + cols.z], q[pb + cols.w]);
+}
+
+// The first `n` (up to four) of the splits whose partials start at `pb`, added in order,
+// their loads issued together (a loop of single loads waits for each).
+fn merge_four(pb: vec4<u32>, n: u32, cols: vec4<u32>, mx: f32, l: ptr<function, f32>, acc: ptr<function, vec4<f32>>) {
+    let m = vec4<f32>(q[pb.x], q[pb.y], q[pb.z], q[pb.w]);
+    let ls = vec4<f32>(q[pb.x + 1u], q[pb.y + 1u], q[pb.z + 1u], q[pb.w + 1u]);
+    let a0 = split_cols(pb.x, cols);
+    let a1 = split_cols(pb.y, cols);
+    let a2 = split_cols(pb.z, cols);
+    let a3 = split_cols(pb.w, cols);
+    merge_split4(true, m.x, ls.x, a0, mx, l, acc);
+    merge_split4(1u < n, m.y, ls.y, a1, mx, l, acc);
+    merge_split4(2u < n, m.z, ls.z, a2, mx, l, acc);
+    merge_split4(3u < n, m.w, ls.w, a3, mx, l, acc);
+}
+
+// The partials of one (query, head) from `base` (`n_splits` of `ps` floats: m, l, Σ p v)
+// merged at the four offsets `cols` of each: Σ_s exp(m_s - max) (Σ p v)_s / Σ_s exp(m_s -
+// max) l_s, the splits added in order (main_merge and main_merge_planes both take it).
+fn merge_cols(base: u32, n_splits: u32, ps: u32, cols: vec4<u32>) -> vec4<f32> {
+    var l = 0.0;
+    var acc = vec4<f32>(0.0);
     if (MERGE_ONE_TRIP && n_splits <= 4u) {
         let last = n_splits - 1u;
         let pb = vec4<u32>(base, base + min(1u, last) * ps, base + min(2u, last) * ps, base + min(3u, last) * ps);
-        let c0 = min(lid, d - 1u) + 2u;
-        let c1 = min(lid + 64u, d - 1u) + 2u;
-        let m = vec4<f32>(q[pb.x], q[pb.y], q[pb.z], q[pb.w]);
-        let ls = vec4<f32>(q[pb.x + 1u], q[pb.y + 1u], q[pb.z + 1u], q[pb.w + 1u]);
-        let a = vec4<f32>(q[pb.x + c0], q[pb.y + c0], q[pb.z + c0], q[pb.w + c0]);
-        let b = vec4<f32>(q[pb.x + c1], q[pb.y + c1], q[pb.z + c1], q[pb.w + c1]);
-        let mx = max(max(max(max(NEG, m.x), m.y), m.z), m.w);
-        var l = 0.0;
-        var acc0 = 0.0;
-        var acc1 = 0.0;
-        for (var i = 0u; i < 4u; i++) {
-            if (i < n_splits && ls[i] > 0.0) {
-                let w = exp(m[i] - mx);
-                l += ls[i] * w;
-                acc0 = fma(a[i], w, acc0);
-                acc1 = fma(b[i], w, acc1);
-            }
-        }
-        return vec2<f32>(acc0 / l, acc1 / l);
+        let mx = max(max(max(max(NEG, q[pb.x]), q[pb.y]), q[pb.z]), q[pb.w]);
+        merge_four(pb, n_splits, cols, mx, &l, &acc);
+        return acc / vec4<f32>(l);
     }
-    // Four splits per round, their loads issued together (a loop of single loads waits for
-    // each); the splits are combined in order, as one at a time would.
+    // Four maxima per round, their loads issued together; max is exact in any order.
     var mx = NEG;
     var s = 0u;
     for (; s + 4u <= n_splits; s += 4u) {
@@ -1116,37 +1128,24 @@ fn merged(qi: u32, h: u32, lid: u32) -> vec2<f32> {
     for (; s < n_splits; s++) {
         mx = max(mx, q[base + s * ps]);
     }
-    var l = 0.0;
-    var acc0 = 0.0;
-    var acc1 = 0.0;
-    let c0 = min(lid, d - 1u) + 2u;
-    let c1 = min(lid + 64u, d - 1u) + 2u;
-    s = 0u;
-    for (; s + 4u <= n_splits; s += 4u) {
-        let pb = base + s * ps;
-        let m = vec4<f32>(q[pb], q[pb + ps], q[pb + 2u * ps], q[pb + 3u * ps]);
-        let ls = vec4<f32>(q[pb + 1u], q[pb + ps + 1u], q[pb + 2u * ps + 1u], q[pb + 3u * ps + 1u]);
-        let a = vec4<f32>(q[pb + c0], q[pb + ps + c0], q[pb + 2u * ps + c0], q[pb + 3u * ps + c0]);
-        let b = vec4<f32>(q[pb + c1], q[pb + ps + c1], q[pb + 2u * ps + c1], q[pb + 3u * ps + c1]);
-        for (var i = 0u; i < 4u; i++) {
-            if (ls[i] > 0.0) {
-                let w = exp(m[i] - mx);
-                l += ls[i] * w;
-                acc0 = fma(a[i], w, acc0);
-                acc1 = fma(b[i], w, acc1);
-            }
-        }
+    for (s = 0u; s + 4u <= n_splits; s += 4u) {
+        merge_four(vec4<u32>(base + s * ps) + vec4<u32>(0u, ps, 2u * ps, 3u * ps), 4u, cols, mx, &l, &acc);
     }
     for (; s < n_splits; s++) {
-        let pb = base + s * ps;
-        if (q[pb + 1u] > 0.0) {
-            let w = exp(q[pb] - mx);
-            l += q[pb + 1u] * w;
-            acc0 = fma(q[pb + c0], w, acc0);
-            acc1 = fma(q[pb + c1], w, acc1);
-        }
+        merge_four(vec4<u32>(base + s * ps), 1u, cols, mx, &l, &acc);
     }
-    return vec2<f32>(acc0 / l, acc1 / l);
+    return acc / vec4<f32>(l);
+}
+
+// Query qi, head h merged over its splits: output dimensions lid and lid + 64 (lanes past d
+// read dimension d - 1 and drop it).
+fn merged(qi: u32, h: u32, lid: u32) -> vec2<f32> {
+    let d = p.d;
+    let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
+    let ps = d + 2u;
+    let c0 = min(lid, d - 1u) + 2u;
+    let c1 = min(lid + 64u, d - 1u) + 2u;
+    return merge_cols((qi * p.heads + h) * n_splits * ps, n_splits, ps, vec4<u32>(c0, c1, c1, c1)).xy;
 }
 
 @compute @workgroup_size(64)
@@ -1167,16 +1166,6 @@ fn main_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 // main_merge_planes' output: the GEMM planes.
 @group(0) @binding(5) var<storage, read_write> o_planes: array<u32>;
 
-// One split (max m, sum ls, four dimensions a of its sum of p v) into the merge's running
-// sum and accumulator, where it is one (`on`) and holds keys: merged()'s arithmetic.
-fn merge_split4(on: bool, m: f32, ls: f32, a: vec4<f32>, mx: f32, l: ptr<function, f32>, acc: ptr<function, vec4<f32>>) {
-    if (on && ls > 0.0) {
-        let w = exp(m - mx);
-        *l += ls * w;
-        *acc = fma(a, vec4<f32>(w), *acc);
-    }
-}
-
 // `main_merge_planes`: main_merge writing the output rows ([tq][heads d], head_dim 64) as
 // the f16 hi/lo planes the next GEMM reads (split_f16.wgsl main_rows' layout: [2][rows_pad]
 // [heads d], rows from tq to rows_pad zero), so the split between the attention and the out
@@ -1184,9 +1173,8 @@ fn merge_split4(on: bool, m: f32, ls: f32, a: vec4<f32>, mx: f32, l: ptr<functio
 // a workgroup of 256 (grid: ceil(rows_pad heads / 16)). A workgroup of 64 a pair (1504 x 6
 // of them a tiny.en layer, the row through workgroup memory) took 12.1 us a tiny.en layer
 // and 18.1 a small.en one; this 8.5 and 12.3 (H100, RESULTS 2026-12-07). Each dimension
-// takes merged()'s arithmetic in split order (the same exp, fmas, sum and division), so the
-// words are main_merge's split as main_rows splits them; splits up to four in one trip of
-// loads, more in a loop.
+// takes main_merge's arithmetic (merge_cols), so the words are main_merge's split as
+// main_rows splits them.
 @compute @workgroup_size(256)
 fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let pair = wg.x * 16u + lid / 16u;
@@ -1199,40 +1187,8 @@ fn main_merge_planes(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     var r = vec4<f32>(0.0);
     if (qi < p.tq) {
         let n_splits = (p.tk + p.split_keys - 1u) / p.split_keys;
-        let ps = 66u;
-        let base = (qi * p.heads + h) * n_splits * ps;
-        var mx = NEG;
-        var l = 0.0;
-        var acc = vec4<f32>(0.0);
-        if (n_splits <= 4u) {
-            let last = n_splits - 1u;
-            let pb = vec4<u32>(base, base + min(1u, last) * ps, base + min(2u, last) * ps, base + min(3u, last) * ps);
-            let m = vec4<f32>(q[pb.x], q[pb.y], q[pb.z], q[pb.w]);
-            let ls = vec4<f32>(q[pb.x + 1u], q[pb.y + 1u], q[pb.z + 1u], q[pb.w + 1u]);
-            let vb = pb + vec4<u32>(2u + c);
-            let a0 = vec4<f32>(q[vb.x], q[vb.x + 1u], q[vb.x + 2u], q[vb.x + 3u]);
-            let a1 = vec4<f32>(q[vb.y], q[vb.y + 1u], q[vb.y + 2u], q[vb.y + 3u]);
-            let a2 = vec4<f32>(q[vb.z], q[vb.z + 1u], q[vb.z + 2u], q[vb.z + 3u]);
-            let a3 = vec4<f32>(q[vb.w], q[vb.w + 1u], q[vb.w + 2u], q[vb.w + 3u]);
-            mx = max(max(max(max(NEG, m.x), m.y), m.z), m.w);
-            merge_split4(true, m.x, ls.x, a0, mx, &l, &acc);
-            merge_split4(1u < n_splits, m.y, ls.y, a1, mx, &l, &acc);
-            merge_split4(2u < n_splits, m.z, ls.z, a2, mx, &l, &acc);
-            merge_split4(3u < n_splits, m.w, ls.w, a3, mx, &l, &acc);
-        } else {
-            for (var s = 0u; s < n_splits; s++) {
-                mx = max(mx, q[base + s * ps]);
-            }
-            for (var s = 0u; s < n_splits; s++) {
-                let pb = base + s * ps;
-                let ls = q[pb + 1u];
-                if (ls > 0.0) {
-                    let b = pb + 2u + c;
-                    merge_split4(true, q[pb], ls, vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]), mx, &l, &acc);
-                }
-            }
-        }
-        r = acc / vec4<f32>(l);
+        let cols = vec4<u32>(2u + c, 3u + c, 4u + c, 5u + c);
+        r = merge_cols((qi * p.heads + h) * n_splits * 66u, n_splits, 66u, cols);
     }
     let half_row = p.heads * 32u;
     let plane = p.rows_pad * half_row;

@@ -1276,7 +1276,7 @@ impl Kernels {
                 false => Some(gpu.kernel_entry("attention_split_rows", ATTENTION_SOURCE, "main_split_rows", &[R, R, R, W])?),
             },
             attention_merge: gpu.kernel_entry("attention_merge", &switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", env_on("VERBATIM_MERGE_ONE_TRIP"))?, "main_merge", &[R, R, R, W])?,
-            attention_merge_planes: gpu.kernel_entry("attention_merge_planes", ATTENTION_SOURCE, "main_merge_planes", &[R, R, R, W, W])?,
+            attention_merge_planes: gpu.kernel_entry("attention_merge_planes", &switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", env_on("VERBATIM_MERGE_ONE_TRIP"))?, "main_merge_planes", &[R, R, R, W, W])?,
             attention_partials: gpu.buffer("attention partials", ATTENTION_PARTIALS_FLOATS * 4)?,
             embed: gpu.kernel("embed", include_str!("embed.wgsl"), &[R, R, R, W, W])?,
             no_grids: gpu.buffer("no gated grids", 4)?,

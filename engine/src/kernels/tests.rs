@@ -1659,6 +1659,14 @@ fn attention_merged_into_planes_matches_the_split() {
     let g = gpu();
     let mut kern = Kernels::load(g).unwrap();
     let half = |w: u32, i: usize| half::f16::from_bits((w >> (16 * i)) as u16).to_f32() as f64;
+    // The merge with its loops (MERGE_ONE_TRIP = false): the same words.
+    let mut looped = Kernels::load(g).unwrap();
+    {
+        use Access::{Read as R, ReadWrite as W};
+        let src = switched(ATTENTION_SOURCE, "MERGE_ONE_TRIP", false).unwrap();
+        assert!(src.contains("const MERGE_ONE_TRIP: bool = false;"));
+        looped.attention_merge_planes = g.kernel_entry("attention_merge_planes_looped", &src, "main_merge_planes", &[R, R, R, W, W]).unwrap();
+    }
     // Three, four and seven splits (past the one trip's four).
     for &(t, heads, split_keys) in &[(70usize, 2usize, 32u32), (37, 3, 10), (129, 1, 45), (70, 1, 10)] {
         let (hd, t_pad) = (heads * 64, t.next_multiple_of(64));
@@ -1690,6 +1698,13 @@ fn attention_merged_into_planes_matches_the_split() {
         kern.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
         rec.submit(None).unwrap();
         let got = plane_words(&planes, 0, 2 * plane);
+        g.fill_u32(&planes, NAN_BITS);
+        looped.planes = Some(planes.clone());
+        looped.blocked_partials = kern.blocked_partials.clone();
+        let mut rec = g.recorder();
+        looped.merge_partials_into_planes(&mut rec, &args, split_keys).unwrap();
+        rec.submit(None).unwrap();
+        assert_eq!(got, plane_words(&planes, 0, 2 * plane), "one trip against the loops, t={t} heads={heads} split {split_keys}");
         g.fill_u32(&planes, NAN_BITS);
         let mut rec = g.recorder();
         kern.split_into_planes(&mut rec, Rows::new(&ob, hd), t as u32, hd as u32).unwrap();
