@@ -309,7 +309,7 @@ fn bench(args: &Args) -> Result<(), String> {
     let recording = engine::audio::mel::LogMel {
         n_mels: dims.n_mels,
         n_frames: rec_frames,
-        data: (0..dims.n_mels * rec_frames).map(|i| mel[(i / rec_frames) * window_frames + (i % rec_frames) % window_frames]).collect(),
+        data: (0..dims.n_mels * rec_frames).map(|i| mel[(i % dims.n_mels) * window_frames + (i / dims.n_mels) % window_frames]).collect(),
     };
     let resident = model.encoder_resident;
     for b in 0..=batches {
@@ -326,8 +326,8 @@ fn bench(args: &Args) -> Result<(), String> {
             model.encoder_replay = replay && (mode == 0 || mode >= 3);
             model.encoder_mel_prologue = mel_prologue != (mode == 3);
             model.encoder_rerecord = rerecord != (mode == 4);
-            // (the shipped row as configured; the other replayed rows over the mel buffer)
-            model.encoder_resident = mode == 5 || (mode == 0 && resident);
+            // (windows of their own take the mel buffer whatever it says: `begin_window`)
+            model.encoder_resident = mode == 5;
             model.encoder_host = (0.0, 0.0, 0.0, 0);
             let t = Instant::now();
             let reps = if mode >= 5 { rec_windows } else { 3 };
@@ -703,7 +703,6 @@ fn bench(args: &Args) -> Result<(), String> {
     let e = stat(&enc);
     let how_wgpu = if parts { "submitted in parts (after each convolution and the first layer)" } else { "one submission (VERBATIM_ENCODER_EARLY=0)" };
     let how = match (replays, mel_prologue) {
-        (true, _) if resident && !rerecord => "replayed (a raw Vulkan command buffer built once, the window written into the kept spectrogram's host buffer and copied by its prologue in one region)",
         (true, true) => "replayed (a raw Vulkan command buffer built once, the mel copied by its prologue from a staging buffer)",
         (true, false) => "replayed (a raw Vulkan command buffer built once, the mel through wgpu)",
         (false, _) => how_wgpu,
@@ -735,7 +734,7 @@ fn bench(args: &Args) -> Result<(), String> {
             );
             let ec = stat(&enc_cut);
             println!(
-                "| the same windows cut out on the host, ms per window | {:.3} | {:.2} | each window a {} KB vector, then as the first row; {} |",
+                "| the same windows cut out on the host, ms per window | {:.3} | {:.2} | each window a {} KB vector (transposed to band-major), then as the first row; {} |",
                 ec.min,
                 ec.spread,
                 mel.len() * 4 / 1000,

@@ -514,12 +514,13 @@ fn encoder_replayed_equals_encoder_through_wgpu() {
     assert_eq!(built, if g.gpu().replay_available() { 1 } else { 0 }, "one encoder program, built once");
 }
 
-/// A recording's windows through `begin_window_of` (the kept encoder over a GPU copy of the
-/// spectrogram kept in a host buffer at a band stride, filled a window ahead, two and a
-/// half windows of it here so that windows cross its ends) equal the same windows cut out on the host and encoded through wgpu, bit
-/// for bit: windows that overlap, start before the kept part, run past the recording's end
-/// or lie wholly beyond it, and a second recording whose values took the first one's place
-/// (the same address and length: `fresh`).
+/// A recording's windows through `begin_window_of` (the kept encoder over a window copied
+/// from the spectrogram kept time-major in a host buffer, filled a window ahead, two and a
+/// half windows of it here so that windows cross its ends) equal the same windows cut out
+/// on the host and encoded through wgpu, bit for bit: windows that overlap, start before
+/// the kept part, run past the recording's end or lie wholly beyond it, and a second
+/// recording whose values took the first one's place (the same address and length:
+/// `fresh`). Windows of their own, replayed over the mel buffer, equal them too.
 #[test]
 fn encoder_windows_of_a_recording_equal_windows_cut_out() {
     let tag = "encoder-resident";
@@ -586,16 +587,20 @@ fn encoder_windows_of_a_recording_equal_windows_cut_out() {
                 );
             }
         }
-        // Windows of their own (`begin_window`), cut out, take the same kept program.
+        // Windows of their own (`begin_window`), cut out: replayed over the mel buffer.
         for (i, (&(start, len), want)) in windows.iter().zip(&wants).enumerate() {
             g.begin_window(&mel.window_frames(start, len, frames)).unwrap();
-            assert!(g.encoder_output().unwrap() == *want, "round {round}, window {i} cut out: the encoder over the kept spectrogram's copy differs");
+            assert!(g.encoder_output().unwrap() == *want, "round {round}, window {i} cut out: the replayed encoder over the mel buffer differs");
         }
     }
     let built = g.gpu().replay_programs() - programs;
-    assert_eq!(built, if g.gpu().replay_available() { 1 } else { 0 }, "one encoder program for windows of their own and a recording's");
-    // Another size of the kept part: the encoder over its GPU copy is recorded anew, its
-    // first windows past the recording's end or cut short by it.
+    assert_eq!(
+        built,
+        if g.gpu().replay_available() { 2 } else { 0 },
+        "one encoder program over the kept spectrogram's windows and one over the mel buffer, each built once"
+    );
+    // Another size of the kept part (its host buffer made anew), its first windows past
+    // the recording's end or cut short by it.
     g.resident_frames = 3 * frames;
     for (i, &(start, len)) in [(n_frames + 5, frames), (n_frames - 7, frames), (n_frames - 7, frames), (n_frames - 2 * frames, frames)].iter().enumerate() {
         g.encoder_replay = false;

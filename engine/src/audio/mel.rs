@@ -32,7 +32,11 @@ const F_MAX: f64 = SAMPLE_RATE / 2.0;
 pub struct LogMel {
     pub n_mels: usize,
     pub n_frames: usize,
-    /// `[n_mels][n_frames]`, row-major: mel band `m`, frame `t` is `data[m * n_frames + t]`.
+    /// `[n_frames][n_mels]`, time-major: frame `t`, mel band `m` is `data[t * n_mels + m]`
+    /// ([`LogMel::at`]). A frame is computed whole, so it is stored as it comes (no
+    /// transpose of the recording), and any run of frames is one contiguous span: the
+    /// encoder's kept spectrogram copies a window as one region whatever its start
+    /// (`models::whisper::gpu`). Windows for the encoder are band-major ([`LogMel::window`]).
     pub data: Vec<f32>,
 }
 
@@ -49,16 +53,26 @@ impl LogMel {
 
     /// The same for a window of `frames` frames (small test models take fewer than 3000).
     pub fn window_frames(&self, start: usize, len: usize, frames: usize) -> Vec<f32> {
-        let mut out = vec![0f32; self.n_mels * frames];
+        let nm = self.n_mels;
+        let mut out = vec![0f32; nm * frames];
         let end = start.saturating_add(len.min(frames)).min(self.n_frames);
         if start < end {
-            let n = end - start;
-            for m in 0..self.n_mels {
-                let src = m * self.n_frames + start;
-                out[m * frames..m * frames + n].copy_from_slice(&self.data[src..src + n]);
+            // Transposed in runs of 16 frames: each band's 16 values are one run of `out`.
+            for (b, run) in self.data[start * nm..end * nm].chunks(16 * nm).enumerate() {
+                for m in 0..nm {
+                    let dst = &mut out[m * frames + 16 * b..];
+                    for (j, frame) in run.chunks_exact(nm).enumerate() {
+                        dst[j] = frame[m];
+                    }
+                }
             }
         }
         out
+    }
+
+    /// Band `m`'s value at frame `t`.
+    pub fn at(&self, m: usize, t: usize) -> f32 {
+        self.data[t * self.n_mels + m]
     }
 }
 
@@ -196,15 +210,9 @@ fn log_mel_threads(samples_16k: &[f32], n_mels: usize, pad_samples: usize, threa
     let max = parts.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
     // Clamp to 80 dB below the loudest value of the whole recording, then scale to ~[-1, 1].
     let floor = max - 8.0;
-    let mut data = vec![0f32; n_mels * n_frames];
-    for (i, (part, _)) in parts.iter().enumerate() {
-        for (j, mels) in part.chunks_exact(n_mels).enumerate() {
-            let t = i * per + j;
-            for (m, &v) in mels.iter().enumerate() {
-                data[m * n_frames + t] = (v.max(floor) + 4.0) / 4.0;
-            }
-        }
-    }
+    // The parts are consecutive runs of frames, each time-major: their concatenation is.
+    let data: Vec<f32> = parts.iter().flat_map(|(part, _)| part.iter().map(|&v| (v.max(floor) + 4.0) / 4.0)).collect();
+    debug_assert_eq!(data.len(), n_mels * n_frames);
     LogMel { n_mels, n_frames, data }
 }
 
@@ -285,7 +293,7 @@ mod tests {
         assert_eq!((got.n_mels, got.n_frames), (n_mels, frames), "{expected}");
         // Both sides compute in f64 and store f32: measured 1.2e-7. The bound is far
         // tighter than the 1e-3 a transcript would tolerate, so subtle slips show.
-        let err = max_abs_diff(&got.data, &want);
+        let err = max_abs_diff(&got.window_frames(0, frames, frames), &want);
         assert!(err < 1e-5, "{expected}: max abs error {err}");
     }
 
@@ -340,7 +348,7 @@ mod tests {
         let mut err = 0f32;
         for m in 0..80 {
             for c in 0..cols {
-                let got = mel.data[m * mel.n_frames + c * 8];
+                let got = mel.at(m, c * 8);
                 err = err.max((got - want[m * cols + c]).abs());
             }
         }
@@ -410,27 +418,32 @@ mod tests {
     #[test]
     fn windows_copy_and_zero_pad() {
         let n_frames = 4500;
+        // Every value its own (band m, frame t holds 1 + 10000 m + t).
         let mel = LogMel {
             n_mels: 3,
             n_frames,
-            data: (0..3 * n_frames).map(|i| 1.0 + i as f32).collect(),
+            data: (0..3 * n_frames).map(|i| (1 + 10_000 * (i % 3) + i / 3) as f32).collect(),
         };
         let at = |w: &[f32], m: usize, t: usize| w[m * N_FRAMES + t];
-        // A full window from the middle.
+        assert_eq!(mel.at(2, 7), 20_008.0);
+        // A full window from the middle: every value.
         let w = mel.window(1000, N_FRAMES);
         assert_eq!(w.len(), 3 * N_FRAMES);
         for m in 0..3 {
-            assert_eq!(at(&w, m, 0), mel.data[m * n_frames + 1000]);
-            assert_eq!(at(&w, m, N_FRAMES - 1), mel.data[m * n_frames + 3999]);
+            assert!((0..N_FRAMES).all(|t| at(&w, m, t) == mel.at(m, 1000 + t)), "band {m}");
         }
         // A short segment: the rest is zero.
         let w = mel.window(10, 5);
-        assert_eq!(at(&w, 2, 4), mel.data[2 * n_frames + 14]);
+        assert!((0..5).all(|t| (0..3).all(|m| at(&w, m, t) == mel.at(m, 10 + t))));
         assert!((5..N_FRAMES).all(|t| (0..3).all(|m| at(&w, m, t) == 0.0)));
         // Running off the end, over-long and out-of-range requests never panic.
         let w = mel.window(4000, N_FRAMES);
-        assert_eq!(at(&w, 1, 499), mel.data[n_frames + 4499]);
+        assert!((0..500).all(|t| (0..3).all(|m| at(&w, m, t) == mel.at(m, 4000 + t))));
         assert_eq!(at(&w, 1, 500), 0.0);
+        // Runs of frames that are no multiple of 16.
+        let w = mel.window_frames(17, 37, 50);
+        assert!((0..37).all(|t| (0..3).all(|m| w[m * 50 + t] == mel.at(m, 17 + t))));
+        assert!((37..50).all(|t| (0..3).all(|m| w[m * 50 + t] == 0.0)));
         assert_eq!(mel.window(0, 10 * N_FRAMES).len(), 3 * N_FRAMES);
         assert!(mel.window(usize::MAX, usize::MAX).iter().all(|&v| v == 0.0));
     }

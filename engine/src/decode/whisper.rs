@@ -1762,8 +1762,8 @@ mod tests {
     /// frames a window holds.
     fn counting_mel(n_frames: usize) -> LogMel {
         let mut data = Vec::with_capacity(80 * n_frames);
-        for _ in 0..80 {
-            data.extend((0..n_frames).map(|f| (f + 1) as f32));
+        for f in 0..n_frames {
+            data.extend([(f + 1) as f32; 80]); // time-major: a frame's 80 bands together
         }
         LogMel {
             n_mels: 80,
