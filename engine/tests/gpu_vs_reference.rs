@@ -537,7 +537,8 @@ fn encoder_windows_of_a_recording_equal_windows_cut_out() {
     };
     let mut mel = spectrogram(&mut rng);
     let windows = [
-        (0, frames),
+        // (cut short: the program's first two recordings take a window with zeros after it)
+        (0, frames - 9),
         (frames - 3, frames),
         (2 * frames - 5, frames / 2),
         (3 * frames + 7, frames),

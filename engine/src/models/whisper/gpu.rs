@@ -1119,8 +1119,6 @@ impl GpuWhisper {
         };
         let zeros_at = (n * nm * 4) as u64;
         if self.mel_by_frame.is_none() {
-            self.encoder_kept_resident = None;
-            self.enc_resident_cache = DispatchCache::default();
             self.mel_by_frame = Some(g.buffer("mel (a window of the kept spectrogram, time-major)", (nm * frames * 4) as u64)?);
         }
         if self.resident.as_ref().is_none_or(|r| r.cap != cap) {
@@ -1915,9 +1913,10 @@ impl LogitSource for GpuWhisper {
         self.leave_window();
         // Over the mel buffer, band-major as the window comes: the kept spectrogram's path
         // takes frames time-major, which a window of its own would have to be transposed to
-        // on the host before the GPU starts (~0.4 ms for 3000 frames on this machine's
-        // cores). A process that takes both paths builds two encoder programs (the bench
-        // and tests do; transcription takes `begin_window_of` only).
+        // on the host before the GPU starts (~0.2 ms a tiny.en window on the lent H100's
+        // host: RESULTS.md 2026-12-07, twenty-sixth session). A process that takes both
+        // paths builds two encoder programs (the bench and tests do; transcription takes
+        // `begin_window_of` only).
         self.encode(mel)?;
         self.kv_len = 0;
         self.window_ready = true;
