@@ -28,7 +28,9 @@
 // and `VERBATIM_ATTENTION_COOP_SHAPE`.
 //
 // Per block: [S = Q K^T, stored] (1) [softmax, P stored] (2) [P V, stored] (3) [lanes add
-// the block to their output; the next block's K|V staged] (4).
+// the block to their output; the next block's K|V staged] (4). `main_held` (below, off by
+// default until timed: kernels/mod.rs attention_coop_held) keeps P·V's accumulators over
+// the whole split and has two barriers a block.
 
 struct Params {
     tq: u32, tk: u32, heads: u32, t_pad: u32,
@@ -268,4 +270,197 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
         part[oc + 8u] = o6.x; part[oc + 9u] = o6.y; part[oc + 10u] = o6.z; part[oc + 11u] = o6.w;
         part[oc + 12u] = o7.x; part[oc + 13u] = o7.y; part[oc + 14u] = o7.z; part[oc + 15u] = o7.w;
     }
+}
+
+// main_held: the same partials with P·V's accumulators held across key blocks. main stores
+// each block's P·V through the score tile so that lanes can rescale the running output by
+// exp(m_old - m_new) (a cooperative matrix has no elements to scale): four tile stores,
+// four barriers and 32 scalar reads a lane each block. Here a row's probabilities are
+// exp(s - m) against a scale m that only moves when a block's max passes it by more than
+// HEADROOM, so P stays below e^HEADROOM (P's lo half, (p - hi) 2^12, below 2^15: f16) and
+// most blocks add into the held accumulators as they are. When any row of the workgroup
+// must move its scale, the workgroup stops once: the accumulators go through the score tile,
+// lanes scale their rows, and they come back as f32 matrices (the hi + lo / LO_SCALE join
+// made on the way). K of the next block and V of this one are staged together after the
+// scores are stored (nothing reads that K or the last V then), so a block has two barriers
+// where main has six.
+//
+// Per block: [S = Q K^T, stored] (1) [next K and this V staged; softmax, P stored; rescale
+// flag] (2, a uniform load) [rare: the rescale] [P V into the held accumulators].
+
+const HEADROOM: f32 = 8.0;
+
+var<workgroup> rescale_at: u32; // j0 + 1 of the last block where a row moved its scale
+
+// Keys jk..jk+31 of K (hi, lo; when `with_k`) and jv..jv+31 of V (hi, lo; when `with_v`)
+// into `kv`.
+fn stage_kv(jk: u32, jv: u32, with_k: bool, with_v: bool, hb4: u32, plane4: u32, lid: u32) {
+    for (var i = 0u; i < 64u / NSG; i++) {
+        let e = lid + 32u * NSG * i;
+        let which = e / 512u; // uniform in i: 512 is a multiple of the workgroup
+        if (select(with_v, with_k, which < 2u) == false) {
+            continue;
+        }
+        let key = (e / 16u) % 32u;
+        let w = e % 16u;
+        let j = select(jv, jk, which < 2u);
+        kv[(which * 32u + key) * KS + w] = pl[(2u + which) * plane4 + hb4 + (j + key) * 16u + w];
+    }
+}
+
+// The held accumulators of OD dims at `d` (16-dim tiles d / 16 ..) through the score tile:
+// stored joined, each lane's row scaled by `alpha` (its half of the OD columns), loaded back
+// as hi with lo zero. Called by the whole workgroup (barriers).
+fn scale_round(a_h: ptr<function, coop_mat16x16<f32, C>>, a_l: ptr<function, coop_mat16x16<f32, C>>,
+               b_h: ptr<function, coop_mat16x16<f32, C>>, b_l: ptr<function, coop_mat16x16<f32, C>>,
+               sb: u32, rb: u32, half_: u32, alpha: f32) {
+    coopStoreT(joined(*a_h, *a_l), &scores[sb], SS);
+    coopStoreT(joined(*b_h, *b_l), &scores[sb + 16u], SS);
+    workgroupBarrier();
+    let ob = rb + half_ * 16u;
+    for (var c = 0u; c < 16u; c++) {
+        scores[ob + c] *= alpha;
+    }
+    workgroupBarrier();
+    *a_h = coopLoadT<coop_mat16x16<f32, C>>(&scores[sb], SS);
+    *b_h = coopLoadT<coop_mat16x16<f32, C>>(&scores[sb + 16u], SS);
+    *a_l = coop_mat16x16<f32, C>();
+    *b_l = coop_mat16x16<f32, C>();
+    workgroupBarrier();
+}
+
+// Two tiles (32 dims from `d`) of the held accumulators out through the score tile into
+// this lane's part of row `b` of the partials.
+fn emit_round(a_h: coop_mat16x16<f32, C>, a_l: coop_mat16x16<f32, C>,
+              b_h: coop_mat16x16<f32, C>, b_l: coop_mat16x16<f32, C>,
+              sb: u32, rb: u32, half_: u32, live: bool, out: u32) {
+    coopStoreT(joined(a_h, a_l), &scores[sb], SS);
+    coopStoreT(joined(b_h, b_l), &scores[sb + 16u], SS);
+    workgroupBarrier();
+    if (live) {
+        let ob = rb + half_ * 16u;
+        for (var c = 0u; c < 16u; c++) {
+            part[out + half_ * 16u + c] = scores[ob + c];
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(32u * NSG) // (main's literal 128 is what the shapes rewrite)
+fn main_held(@builtin(workgroup_id) wg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32,
+             @builtin(subgroup_id) sg: u32,
+             @builtin(subgroup_invocation_id) lane: u32) {
+    let h = wg.y / p.n_splits;
+    let split = wg.y % p.n_splits;
+    let q0 = wg.x * QW + sg * 16u;
+    let plane4 = p.heads * p.t_pad * 16u;
+    let hb4 = h * p.t_pad * 16u;
+    let qb = hb4 + q0 * 16u;
+    let qh0 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb], 16u);
+    let qh1 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 4u], 16u);
+    let qh2 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 8u], 16u);
+    let qh3 = coopLoadT<coop_mat16x16<f16, A>>(&pl[qb + 12u], 16u);
+    let ql0 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb], 16u);
+    let ql1 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb + 4u], 16u);
+    let ql2 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb + 8u], 16u);
+    let ql3 = coopLoadT<coop_mat16x16<f16, A>>(&pl[plane4 + qb + 12u], 16u);
+    let j_begin = split * p.split_keys;
+    let j_end = min(p.tk, j_begin + p.split_keys);
+    let r = lane / 2u;
+    let half_ = lane % 2u;
+    let sb = sg * 16u * SS;
+    let pb = sg * 16u * PS;
+    let rb = sb + r * SS;
+    let prow = pb + r * PS + half_ * 16u;
+    var m = NEG; // the row's scale: P, l and the accumulators are all against it
+    var l = 0.0;
+    var oh0 = coop_mat16x16<f32, C>();
+    var oh1 = coop_mat16x16<f32, C>();
+    var oh2 = coop_mat16x16<f32, C>();
+    var oh3 = coop_mat16x16<f32, C>();
+    var ol0 = coop_mat16x16<f32, C>();
+    var ol1 = coop_mat16x16<f32, C>();
+    var ol2 = coop_mat16x16<f32, C>();
+    var ol3 = coop_mat16x16<f32, C>();
+    if (lid == 0u) {
+        rescale_at = 0u;
+    }
+    if (j_begin < j_end) {
+        stage_kv(j_begin, j_begin, true, false, hb4, plane4, lid);
+    }
+    workgroupBarrier();
+    for (var j0 = j_begin; j0 < j_end; j0 += BK) {
+        for (var t = 0u; t < BK; t += 16u) {
+            var sh = coop_mat16x16<f32, C>();
+            var sl = coop_mat16x16<f32, C>();
+            qk(&sh, &sl, qh0, ql0, t, 0u);
+            qk(&sh, &sl, qh1, ql1, t, 1u);
+            qk(&sh, &sl, qh2, ql2, t, 2u);
+            qk(&sh, &sl, qh3, ql3, t, 3u);
+            coopStoreT(joined(sh, sl), &scores[sb + t], SS);
+        }
+        workgroupBarrier();
+        // Every read of this block's K and of the last block's V is behind that barrier.
+        stage_kv(j0 + BK, j0, j0 + BK < j_end, true, hb4, plane4, lid);
+        let jb = j0 + half_ * 16u;
+        let sr = rb + half_ * 16u;
+        let lim = vec4<u32>(j_end);
+        let k0 = vec4<u32>(jb) + vec4<u32>(0u, 1u, 2u, 3u);
+        let in0 = k0 < lim;
+        let in1 = k0 + vec4<u32>(4u) < lim;
+        let in2 = k0 + vec4<u32>(8u) < lim;
+        let in3 = k0 + vec4<u32>(12u) < lim;
+        let v0 = select(vec4<f32>(NEG), s4(sr), in0);
+        let v1 = select(vec4<f32>(NEG), s4(sr + 4u), in1);
+        let v2 = select(vec4<f32>(NEG), s4(sr + 8u), in2);
+        let v3 = select(vec4<f32>(NEG), s4(sr + 12u), in3);
+        let mx = max(max(v0, v1), max(v2, v3));
+        var bm = max(max(mx.x, mx.y), max(mx.z, mx.w));
+        bm = max(bm, subgroupShuffleXor(bm, 1u));
+        // The first block sets the scale with nothing held yet; later a move is a rescale.
+        var mn = m;
+        if (j0 == j_begin) {
+            mn = bm;
+        } else if (bm > m + HEADROOM) {
+            mn = bm;
+            rescale_at = j0 + 1u; // the same value from every lane that writes it
+        }
+        let alpha = exp(m - mn);
+        m = mn;
+        let e0 = select(vec4<f32>(0.0), exp(v0 - vec4<f32>(mn)), in0);
+        let e1 = select(vec4<f32>(0.0), exp(v1 - vec4<f32>(mn)), in1);
+        let e2 = select(vec4<f32>(0.0), exp(v2 - vec4<f32>(mn)), in2);
+        let e3 = select(vec4<f32>(0.0), exp(v3 - vec4<f32>(mn)), in3);
+        let es = (e0 + e1) + (e2 + e3);
+        l = l * alpha + ((es.x + es.y) + (es.z + es.w));
+        put_p4(e0, prow);
+        put_p4(e1, prow + 4u);
+        put_p4(e2, prow + 8u);
+        put_p4(e3, prow + 12u);
+        if (workgroupUniformLoad(&rescale_at) == j0 + 1u) {
+            // (rows that kept their scale scale by exp(0) = 1)
+            scale_round(&oh0, &ol0, &oh1, &ol1, sb, rb, half_, alpha);
+            scale_round(&oh2, &ol2, &oh3, &ol3, sb, rb, half_, alpha);
+        }
+        for (var t = 0u; t < BK; t += 16u) {
+            let ah = coopLoadT<coop_mat16x16<f16, A>>(&p_hi[pb + t], PS);
+            let al = coopLoadT<coop_mat16x16<f16, A>>(&p_lo[pb + t], PS);
+            pv(&oh0, &ol0, ah, al, t, 0u);
+            pv(&oh1, &ol1, ah, al, t, 1u);
+            pv(&oh2, &ol2, ah, al, t, 2u);
+            pv(&oh3, &ol3, ah, al, t, 3u);
+        }
+    }
+    let lt = l + subgroupShuffleXor(l, 1u);
+    let qi = q0 + r;
+    let live = qi < p.tq;
+    let b = ((qi * p.heads + h) * p.n_splits + split) * 66u;
+    if (live && half_ == 0u) {
+        part[b] = m;
+        part[b + 1u] = lt;
+    }
+    // (the score tile's last reads are behind the last uniform load)
+    emit_round(oh0, ol0, oh1, ol1, sb, rb, half_, live, b + 2u);
+    emit_round(oh2, ol2, oh3, ol3, sb, rb, half_, live, b + 34u);
 }

@@ -428,6 +428,32 @@ pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
         &[("const NSG: u32 = 4u;", n.as_str()), ("const OD: u32 = 32u;", o.as_str()), ("@workgroup_size(128)", w.as_str())],
     )
 }
+/// Whether the encoder's attention takes attention_coop.wgsl's `main_held` (P·V's
+/// accumulators held across key blocks, rescaled only when a row's scale moves) or `main`
+/// (each block's P·V added into registers): `VERBATIM_ATTENTION_COOP_HELD=1|0`. `main`
+/// until `main_held` has run on a device with cooperative matrices (its test,
+/// attention_coop_matches_reference, runs only there) and been timed.
+pub fn attention_coop_held() -> bool {
+    std::env::var("VERBATIM_ATTENTION_COOP_HELD").map_or(ATTENTION_COOP_HELD, |v| v != "0")
+}
+const ATTENTION_COOP_HELD: bool = false;
+
+/// attention_coop.wgsl in shape `nsg` x `od` ([`attention_coop_source`]), entry `main_held`
+/// or `main`, each combination under a name of its own (kernels are cached by name).
+fn attention_coop_kernel(gpu: &Gpu, nsg: u32, od: u32, held: bool) -> Result<Arc<Kernel>> {
+    let src = attention_coop_source(nsg, od)?;
+    let name = match (nsg, od, held) {
+        (4, 32, false) => "attention_coop",
+        (4, 64, false) => "attention_coop (64-dim rounds)",
+        (2, 64, false) => "attention_coop (2 subgroups, 64-dim rounds)",
+        (2, 32, false) => "attention_coop (2 subgroups, 32-dim rounds)",
+        (4, 32, true) => "attention_coop_held",
+        (4, 64, true) => "attention_coop_held (64-dim tile)",
+        (2, 64, true) => "attention_coop_held (2 subgroups, 64-dim tile)",
+        _ => "attention_coop_held (2 subgroups, 32-dim tile)",
+    };
+    gpu.kernel_entry(name, &src, if held { "main_held" } else { "main" }, &[Access::Read, Access::ReadWrite])
+}
 /// split_f16.wgsl: f32 rows into f16 hi/lo planes (any device).
 pub const SPLIT_F16_SOURCE: &str = concat!(include_str!("split_f16.wgsl"), include_str!("row_stats.wgsl"), include_str!("f16_split.wgsl"));
 /// `src` as written (`on`) or with its `const {name}: bool = true;` rewritten to false: the
@@ -1188,7 +1214,7 @@ impl Kernels {
             },
             planes: None,
             attention_coop: match gpu.info.coop_matrix && std::env::var("VERBATIM_ATTENTION_COOP").map_or(true, |v| v != "0") {
-                true => Some(gpu.kernel("attention_coop", ATTENTION_COOP_SOURCE, &[R, W])?),
+                true => Some(attention_coop_kernel(gpu, 4, 32, attention_coop_held())?),
                 false => None,
             },
             attention_coop_queries: ATTENTION_COOP_QUERIES,
@@ -1337,17 +1363,17 @@ impl Kernels {
     }
 
     /// The same kernels with attention_coop.wgsl in another shape ([`attention_coop_source`]),
-    /// where the device has it (tests hold each shape to the CPU).
-    pub fn with_attention_coop_shape(mut self, gpu: &Gpu, nsg: u32, od: u32) -> Result<Kernels> {
-        let src = attention_coop_source(nsg, od)?;
+    /// its entry as the run picks it ([`attention_coop_held`]), where the device has it.
+    pub fn with_attention_coop_shape(self, gpu: &Gpu, nsg: u32, od: u32) -> Result<Kernels> {
+        self.with_attention_coop_kernel(gpu, nsg, od, attention_coop_held())
+    }
+
+    /// The same kernels with attention_coop.wgsl in shape `nsg` x `od`, entry `main_held`
+    /// (`held`) or `main`, where the device has it (tests hold each to the CPU).
+    pub fn with_attention_coop_kernel(mut self, gpu: &Gpu, nsg: u32, od: u32, held: bool) -> Result<Kernels> {
+        attention_coop_source(nsg, od)?;
         if self.attention_coop.is_some() {
-            let name = match (nsg, od) {
-                (4, 32) => "attention_coop",
-                (4, 64) => "attention_coop (64-dim rounds)",
-                (2, 64) => "attention_coop (2 subgroups, 64-dim rounds)",
-                _ => "attention_coop (2 subgroups, 32-dim rounds)",
-            };
-            self.attention_coop = Some(gpu.kernel(name, &src, &[Access::Read, Access::ReadWrite])?);
+            self.attention_coop = Some(attention_coop_kernel(gpu, nsg, od, held)?);
         }
         self.attention_coop_queries = 16 * nsg;
         Ok(self)

@@ -1580,7 +1580,17 @@ fn attention_rows_equal_lone_queries() {
 /// the device has cooperative matrices that takes attention_coop.wgsl (head planes split
 /// first, key splits of 384 merged after); elsewhere the blocked kernel. Returns the kernels
 /// dispatched, sorted.
-fn run_attention_fused_with(mut kern: Kernels, r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static str> {
+fn run_attention_fused_with(kern: Kernels, r: &mut StdRng, t: usize, heads: usize) -> Vec<&'static str> {
+    let (ran, e) = run_attention_sharpened(kern, r, t, heads, false);
+    assert!(e < 1e-5, "fused attention t={t} h={heads}: rel err {e}");
+    ran
+}
+
+/// As [`run_attention_fused_with`], returning the relative error; `sharp` scales each key
+/// by 0.3 at the start of its key split to 12 at the end (a sawtooth over attention_coop's
+/// splits), so a row's running max climbs by tens across a split's blocks and main_held
+/// must move its scale several times.
+fn run_attention_sharpened(mut kern: Kernels, r: &mut StdRng, t: usize, heads: usize, sharp: bool) -> (Vec<&'static str>, f64) {
     let g = gpu();
     kern.reserve_blocked_attention(g, t as u32, heads as u32).unwrap();
     if let Some(part) = kern.blocked_partials.as_ref() {
@@ -1591,7 +1601,10 @@ fn run_attention_fused_with(mut kern: Kernels, r: &mut StdRng, t: usize, heads: 
     }
     let (d, hd) = (64, heads * 64);
     let (off, stride) = (5 * 3 * hd, 3 * hd); // five rows of something else first
-    let qkv = rand_vec(r, off + t * stride, 1.5);
+    let mut qkv = rand_vec(r, off + t * stride, 1.5);
+    if sharp {
+        sharpen_keys(&mut qkv, t, off + hd, stride, hd);
+    }
     let part = |c: usize| -> Vec<f32> { (0..t).flat_map(|i| qkv[off + i * stride + c * hd..off + i * stride + (c + 1) * hd].to_vec()).collect() };
     let (q, k, v) = (part(0), part(1), part(2));
     let qb = g.upload_f32("qkv", &qkv).unwrap();
@@ -1613,16 +1626,132 @@ fn run_attention_fused_with(mut kern: Kernels, r: &mut StdRng, t: usize, heads: 
     rec.submit(Some(&mut prof)).unwrap();
     let got = g.read_f32(&ob, 0, t * hd).unwrap();
     let want = ops::attention(&q, &k, &v, t, t, heads, d, None);
+    // (infinite where a value is not finite, which rel_err refuses outright)
+    let e = if got.iter().all(|x| x.is_finite()) { rel_err(&got, &want) } else { f64::INFINITY };
+    (kernels_ran(&prof), e)
+}
+
+/// Keys of t rows of `hd` dims in `qkv` (row stride `stride`, keys at `k_off`) scaled by the
+/// sawtooth of [`run_attention_sharpened`]: 0.3 at the start of each of attention_coop's
+/// key splits to 12 at its end.
+fn sharpen_keys(qkv: &mut [f32], t: usize, k_off: usize, stride: usize, hd: usize) {
+    let split = super::ATTENTION_COOP_SPLIT_KEYS as usize;
+    for i in 0..t {
+        let c = 0.3 + 11.7 * (i % split) as f32 / (split.min(t) - 1) as f32;
+        qkv[k_off + i * stride..k_off + i * stride + hd].iter_mut().for_each(|x| *x *= c);
+    }
+}
+
+/// attention_coop.wgsl's `main_held` as arithmetic on the CPU, a query row at a time: Q
+/// (scaled by 1/8), K, V and P as f16 hi/lo halves (f16_split.wgsl's split), scores and
+/// P·V as hi·hi + (hi·lo + lo·hi) / 2^12 in f32, blocks of 32 keys in splits of `split`,
+/// P·V held across blocks and rescaled only where a block's max passes the row's scale by
+/// more than `headroom`; the splits merged as attention.wgsl's main_merge does. Returns the
+/// rows ([t][heads * 64]) and how many times a row moved its scale after a split's first
+/// block.
+fn held_attention_model(q: &[f32], k: &[f32], v: &[f32], t: usize, heads: usize, split: usize, headroom: f32) -> (Vec<f32>, usize) {
+    let hd = heads * 64;
+    let halves = |x: f32| -> (f32, f32) {
+        let hi = f32::from_bits(x.to_bits() & 0xffff_e000);
+        (f16::from_f32(hi).to_f32(), f16::from_f32((x - hi) * 4096.0).to_f32())
+    };
+    let plane = |m: &[f32], scale: f32| -> Vec<(f32, f32)> { m.iter().map(|&x| halves(x * scale)).collect() };
+    let (qp, kp, vp) = (plane(q, 0.125), plane(k, 1.0), plane(v, 1.0));
+    let mut out = vec![0f32; t * hd];
+    let mut moves = 0;
+    for h in 0..heads {
+        for i in 0..t {
+            let qr = &qp[i * hd + h * 64..i * hd + h * 64 + 64];
+            let mut parts = Vec::new(); // (m, l, o) a split
+            for j_begin in (0..t).step_by(split) {
+                let j_end = (j_begin + split).min(t);
+                let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+                let (mut oh, mut ol) = (vec![0f32; 64], vec![0f32; 64]);
+                for j0 in (j_begin..j_end).step_by(32) {
+                    let keys = j0..(j0 + 32).min(j_end);
+                    let s: Vec<f32> = keys
+                        .clone()
+                        .map(|j| {
+                            let kr = &kp[j * hd + h * 64..j * hd + h * 64 + 64];
+                            let sh: f32 = qr.iter().zip(kr).map(|(a, b)| a.0 * b.0).sum();
+                            let sl: f32 = qr.iter().zip(kr).map(|(a, b)| a.0 * b.1 + a.1 * b.0).sum();
+                            sh + sl / 4096.0
+                        })
+                        .collect();
+                    let bm = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut mn = m;
+                    if j0 == j_begin {
+                        mn = bm;
+                    } else if bm > m + headroom {
+                        mn = bm;
+                        moves += 1;
+                        let alpha = (m - mn).exp();
+                        for c in 0..64 {
+                            oh[c] = (oh[c] + ol[c] / 4096.0) * alpha;
+                            ol[c] = 0.0;
+                        }
+                        l *= alpha;
+                    }
+                    m = mn;
+                    for (jj, j) in keys.enumerate() {
+                        let e = (s[jj] - m).exp();
+                        l += e;
+                        let (ph, pl) = halves(e);
+                        let vr = &vp[j * hd + h * 64..j * hd + h * 64 + 64];
+                        for c in 0..64 {
+                            oh[c] += ph * vr[c].0;
+                            ol[c] += ph * vr[c].1 + pl * vr[c].0;
+                        }
+                    }
+                }
+                parts.push((m, l, (0..64).map(|c| oh[c] + ol[c] / 4096.0).collect::<Vec<f32>>()));
+            }
+            let mx = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+            let den: f32 = parts.iter().map(|p| (p.0 - mx).exp() * p.1).sum();
+            for c in 0..64 {
+                let num: f32 = parts.iter().map(|p| (p.0 - mx).exp() * p.2[c]).sum();
+                out[i * hd + h * 64 + c] = num / den;
+            }
+        }
+    }
+    (out, moves)
+}
+
+/// The arithmetic of main_held (its headroom read from the kernel's source) against the
+/// plain attention on keys that sharpen across each split, on any machine (the kernel itself
+/// runs only where cooperative matrices are: attention_coop_matches_reference): within
+/// 1e-5, with scales moved along the way; never moving them (P past f16), or a headroom past
+/// what P's lo half holds (P's halves past f16), gives values that are not finite.
+#[test]
+fn held_attention_arithmetic_matches_reference() {
+    let mut r = rng("held_model");
+    let src = super::ATTENTION_COOP_SOURCE;
+    let line = src.lines().find(|l| l.starts_with("const HEADROOM: f32 = ")).expect("HEADROOM in attention_coop.wgsl");
+    let headroom: f32 = line.trim_start_matches("const HEADROOM: f32 = ").trim_end_matches(';').parse().unwrap();
+    let (t, heads) = (1500, 1);
+    let hd = heads * 64;
+    let mut qkv = rand_vec(&mut r, t * 3 * hd, 1.5);
+    sharpen_keys(&mut qkv, t, hd, 3 * hd, hd);
+    let col = |w: usize| -> Vec<f32> { (0..t).flat_map(|i| qkv[i * 3 * hd + w * hd..i * 3 * hd + (w + 1) * hd].to_vec()).collect() };
+    let (q, k, v) = (col(0), col(1), col(2));
+    let want = ops::attention(&q, &k, &v, t, t, heads, 64, None);
+    let split = super::ATTENTION_COOP_SPLIT_KEYS as usize;
+    let (got, moves) = held_attention_model(&q, &k, &v, t, heads, split, headroom);
     let e = rel_err(&got, &want);
-    assert!(e < 1e-5, "fused attention t={t} h={heads}: rel err {e}");
-    kernels_ran(&prof)
+    assert!(e < 1e-5, "main_held's arithmetic: rel err {e}");
+    assert!(moves > t / 4, "only {moves} scales moved over {t} rows");
+    for bad in [1.0e30f32, 12.0] {
+        let (got, _) = held_attention_model(&q, &k, &v, t, heads, split, bad);
+        assert!(got.iter().any(|x| !x.is_finite()), "headroom {bad}: every value finite");
+    }
 }
 
 /// The encoder's self-attention on tensor cores (attention_coop.wgsl) against the CPU on the
 /// H200: a partial query tile, a partial last key block, several key splits with a short
 /// last one (1500 = 3 x 384 + 348), one head and several, planes and partials poisoned
 /// first; each shape of the kernel (4 subgroups x 32-dim rounds, shipped; 2 x 32; 2 x 64;
-/// 4 x 64).
+/// 4 x 64) and main_held's (4 x 32, 2 x 32, 4 x 64), each also on keys that sharpen across
+/// their split (main_held's rescales), and main_held without rescales shown wrong on those.
 /// Where the device has no cooperative matrices (lavapipe) the same calls take the blocked
 /// kernel and are held to the same reference.
 #[test]
@@ -1631,9 +1760,17 @@ fn attention_coop_matches_reference() {
     let g = gpu();
     let coop = Kernels::load(g).unwrap().attention_coop.is_some();
     // Each shape of the kernel (subgroups x dims a P·V round): the shipped one and the lab's.
-    for (nsg, od, name) in [(4, 32, "attention_coop"), (2, 32, "attention_coop (2 subgroups, 32-dim rounds)"), (2, 64, "attention_coop (2 subgroups, 64-dim rounds)"), (4, 64, "attention_coop (64-dim rounds)")] {
+    for (nsg, od, held, name) in [
+        (4, 32, false, "attention_coop"),
+        (2, 32, false, "attention_coop (2 subgroups, 32-dim rounds)"),
+        (2, 64, false, "attention_coop (2 subgroups, 64-dim rounds)"),
+        (4, 64, false, "attention_coop (64-dim rounds)"),
+        (4, 32, true, "attention_coop_held"),
+        (2, 32, true, "attention_coop_held (2 subgroups, 32-dim tile)"),
+        (4, 64, true, "attention_coop_held (64-dim tile)"),
+    ] {
         let want: Vec<&str> = if coop { vec![name, "attention_merge", "split_f16_heads"] } else { vec!["attention_blocked", "attention_merge"] };
-        let kern = || Kernels::load(g).unwrap().with_attention_coop_shape(g, nsg, od).unwrap();
+        let kern = || Kernels::load(g).unwrap().with_attention_coop_kernel(g, nsg, od, held).unwrap();
         for (t, heads) in [(37, 3), (70, 2), (300, 2)] {
             let mut ran = run_attention_fused_with(kern(), &mut r, t, heads);
             ran.sort_unstable();
@@ -1645,6 +1782,22 @@ fn attention_coop_matches_reference() {
             // (lavapipe: the blocked kernel on this shape is in attention_blocked_matches_reference)
             assert_eq!(run_attention_fused_with(kern(), &mut r, 1500, 1).len(), 3);
         }
+        // Keys that sharpen across each split: main_held's rescales (every kernel to the
+        // same tolerance).
+        for (t, heads) in [(300, 2), (1500, 1)] {
+            let (_, e) = run_attention_sharpened(kern(), &mut r, t, heads, true);
+            assert!(e < 1e-5, "sharpened keys t={t} h={heads}, {name}: rel err {e}");
+        }
+    }
+    // The sharpened keys do reach the rescale: main_held that never moves a row's scale
+    // (its headroom rewritten to 1e30) is wrong on them (P past f16, or its scale wrong).
+    if coop {
+        let src = rewrite_source("attention_coop.wgsl", &super::attention_coop_source(4, 32).unwrap(), &[("const HEADROOM: f32 = 8.0;", "const HEADROOM: f32 = 1.0e30;")]).unwrap();
+        let mut kern = Kernels::load(g).unwrap();
+        kern.attention_coop = Some(g.kernel_entry("attention_coop_held (no rescale)", &src, "main_held", &[Access::Read, Access::ReadWrite]).unwrap());
+        let (ran, e) = run_attention_sharpened(kern, &mut r, 1500, 1, true);
+        assert!(ran.contains(&"attention_coop_held (no rescale)"));
+        assert!(!(e < 1e-3), "main_held without rescales: rel err {e} on sharpened keys");
     }
 }
 
