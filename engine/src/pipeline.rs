@@ -139,6 +139,11 @@ impl Transcriber {
         let ck = &ck;
         let (model, tokenizer, gpu_open_time) = std::thread::scope(|s| {
             let tokenizer = s.spawn(move || WhisperTokenizer::from_file(&ck.tokenizer_path(), ck.dims.vocab as u32));
+            // The spectrogram's worker pool (where it takes one) started here, not at the
+            // first file.
+            if crate::audio::mel::mel_pool() {
+                s.spawn(|| crate::threads::pool().is_some());
+            }
             let opened = Instant::now();
             let gpu = open_gpu()?;
             let gpu_open_time = opened.elapsed();

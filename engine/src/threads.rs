@@ -13,6 +13,17 @@ pub(crate) fn threads() -> usize {
     workers(std::thread::available_parallelism().ok().map(|n| n.get()))
 }
 
+/// Worker threads started once, [`threads`] of them, for work that comes often and in small
+/// pieces (a window's spectrogram: ~0.6 ms on 16 cores), where starting threads for each
+/// piece costs more than the piece (the lent machines: 2.0-3.8 ms for jfk's spectrogram on
+/// 12 new threads, 4.3-11.3 on 47; bench/RESULTS.md, twenty-sixth session). None where the
+/// system refuses the threads: callers then work on their own thread.
+pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().num_threads(threads()).thread_name(|i| format!("verbatim-pool-{i}")).build().ok())
+        .as_ref()
+}
+
 /// `f(0)`, ..., `f(n - 1)` on up to [`threads`] threads, each taking the next index
 /// as it finishes one; the results in index order. The replay's raw pipelines are built
 /// this way, a model's weights are prepared (copied, transposed) and uploaded so, and a

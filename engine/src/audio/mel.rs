@@ -158,9 +158,20 @@ fn reflect(j: isize, n: usize) -> usize {
     (if j < n as isize { j } else { period - j }) as usize
 }
 
-/// Frames a thread takes at least: below this the spectrogram stays on the calling thread
-/// (a thread costs tens of µs; a frame ~3 µs).
+/// Frames a new thread takes at least: below this the spectrogram stays on the calling
+/// thread (a thread costs tens of µs to start here, more on the lent machines; a frame ~3 µs).
 const MIN_FRAMES_PER_THREAD: usize = 256;
+/// Frames a worker of the pool started once ([`crate::threads::pool`]) takes at least.
+const MIN_FRAMES_PER_POOL_THREAD: usize = 64;
+
+/// Whether the spectrogram's parts go to the pool started once ([`crate::threads::pool`])
+/// or to threads started for each spectrogram (`VERBATIM_MEL_POOL=1|0`). Off until it is
+/// timed on a lent machine, where starting threads is what cost (bench/RESULTS.md, the
+/// twenty-sixth and twenty-seventh sessions).
+pub(crate) fn mel_pool() -> bool {
+    std::env::var("VERBATIM_MEL_POOL").map_or(MEL_POOL, |v| v != "0")
+}
+const MEL_POOL: bool = false;
 
 /// The normalised log-mel spectrogram of 16 kHz mono `samples_16k` with `pad_samples`
 /// zeros appended first (pass 160 to match faster-whisper's transcription).
@@ -172,11 +183,12 @@ const MIN_FRAMES_PER_THREAD: usize = 256;
 /// one core of the lent machine, as much as the GPU's encoder).
 pub fn log_mel_spectrogram(samples_16k: &[f32], n_mels: usize, pad_samples: usize) -> LogMel {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    log_mel_threads(samples_16k, n_mels, pad_samples, cores)
+    log_mel_threads(samples_16k, n_mels, pad_samples, cores, mel_pool())
 }
 
-/// [`log_mel_spectrogram`] on at most `threads` threads.
-fn log_mel_threads(samples_16k: &[f32], n_mels: usize, pad_samples: usize, threads: usize) -> LogMel {
+/// [`log_mel_spectrogram`] on at most `threads` threads: the pool's workers (`on_pool`,
+/// where the system gave the pool its threads) or threads started for it.
+fn log_mel_threads(samples_16k: &[f32], n_mels: usize, pad_samples: usize, threads: usize, on_pool: bool) -> LogMel {
     let n = samples_16k.len() + pad_samples;
     let n_frames = n / HOP;
     if n_frames == 0 || n_mels == 0 {
@@ -187,12 +199,18 @@ fn log_mel_threads(samples_16k: &[f32], n_mels: usize, pad_samples: usize, threa
         .map(|k| 0.5 - 0.5 * (2.0 * std::f64::consts::PI * k as f64 / N_FFT as f64).cos())
         .collect();
     let filters = sparse_filters(n_mels);
-    let threads = threads.clamp(1, n_frames.div_ceil(MIN_FRAMES_PER_THREAD));
+    let pool = if on_pool { crate::threads::pool() } else { None };
+    let min_frames = if pool.is_some() { MIN_FRAMES_PER_POOL_THREAD } else { MIN_FRAMES_PER_THREAD };
+    let threads = threads.clamp(1, n_frames.div_ceil(min_frames));
     let per = n_frames.div_ceil(threads);
     let frames = |t0: usize| log10_mels(samples_16k, n, &window, &filters, t0..(t0 + per).min(n_frames));
     // Each part: [frame][mel] for its frames, and their largest value.
     let parts: Vec<(Vec<f32>, f32)> = if threads == 1 {
         vec![frames(0)]
+    } else if let Some(pool) = pool {
+        use rayon::prelude::*;
+        // (collected in part order whichever worker took a part)
+        pool.install(|| (0..threads).into_par_iter().map(|i| frames(i * per)).collect())
     } else {
         // A thread the system refuses (out of resources) leaves its part to this one.
         std::thread::scope(|sc| {
@@ -358,27 +376,31 @@ mod tests {
 
     #[test]
     fn threads_give_the_same_bits() {
-        // 11 s of a chirp plus noise: 1101 frames, so 1, 2, 3 and 7 threads split it
+        // 11 s of a chirp plus noise: 1101 frames, so 1, 2, 3, 7 and 16 threads split it
         // differently, the last part shorter (and the edges' reflected frames in the first
-        // and last parts).
+        // and last parts); on threads started for it and on the pool's workers.
         let x: Vec<f32> = (0..176_000)
             .map(|i| {
                 let t = i as f32 / 16_000.0;
                 (t * t * 900.0).sin() * 0.5 + ((i * 7919 % 101) as f32 / 101.0 - 0.5) * 0.1
             })
             .collect();
-        let one = log_mel_threads(&x, 80, 160, 1);
+        let one = log_mel_threads(&x, 80, 160, 1, false);
         assert_eq!(one.n_frames, 1101);
-        for threads in [2, 3, 7] {
-            let many = log_mel_threads(&x, 80, 160, threads);
-            assert_eq!(many.n_frames, one.n_frames);
-            let same = many.data.iter().zip(&one.data).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{threads} threads: a value differs from one thread's");
+        assert!(crate::threads::pool().is_some(), "no pool on this machine");
+        for on_pool in [false, true] {
+            for threads in [2, 3, 7, 16] {
+                let many = log_mel_threads(&x, 80, 160, threads, on_pool);
+                assert_eq!(many.n_frames, one.n_frames);
+                let same = many.data.iter().zip(&one.data).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{threads} threads (pool: {on_pool}): a value differs from one thread's");
+            }
+            // Fewer frames than a thread takes: one part, however many threads are offered.
+            let short = log_mel_threads(&x[..4_000], 128, 160, 8, on_pool);
+            assert_eq!(short, log_mel_threads(&x[..4_000], 128, 160, 1, false));
         }
-        // Fewer frames than a thread takes: one part, however many threads are offered.
-        let short = log_mel_threads(&x[..16_000], 128, 160, 8);
-        assert_eq!(short, log_mel_threads(&x[..16_000], 128, 160, 1));
     }
+
 
     #[test]
     fn frame_counts_and_silence() {
