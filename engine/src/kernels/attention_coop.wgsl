@@ -292,15 +292,12 @@ const HEADROOM: f32 = 8.0;
 
 var<workgroup> rescale_at: u32; // j0 + 1 of the last block where a row moved its scale
 
-// Keys jk..jk+31 of K (hi, lo; when `with_k`) and jv..jv+31 of V (hi, lo; when `with_v`)
-// into `kv`.
-fn stage_kv(jk: u32, jv: u32, with_k: bool, with_v: bool, hb4: u32, plane4: u32, lid: u32) {
+// Keys jk..jk+31 of K (hi, lo) and jv..jv+31 of V (hi, lo) into `kv`, as `stage` (no
+// branch: every thread's 16 / (NSG / 4) loads issue before the first store).
+fn stage_kv(jk: u32, jv: u32, hb4: u32, plane4: u32, lid: u32) {
     for (var i = 0u; i < 64u / NSG; i++) {
         let e = lid + 32u * NSG * i;
-        let which = e / 512u; // uniform in i: 512 is a multiple of the workgroup
-        if (select(with_v, with_k, which < 2u) == false) {
-            continue;
-        }
+        let which = e / 512u;
         let key = (e / 16u) % 32u;
         let w = e % 16u;
         let j = select(jv, jk, which < 2u);
@@ -387,7 +384,7 @@ fn main_held(@builtin(workgroup_id) wg: vec3<u32>,
         rescale_at = 0u;
     }
     if (j_begin < j_end) {
-        stage_kv(j_begin, j_begin, true, false, hb4, plane4, lid);
+        stage_kv(j_begin, j_begin, hb4, plane4, lid);
     }
     workgroupBarrier();
     for (var j0 = j_begin; j0 < j_end; j0 += BK) {
@@ -402,7 +399,9 @@ fn main_held(@builtin(workgroup_id) wg: vec3<u32>,
         }
         workgroupBarrier();
         // Every read of this block's K and of the last block's V is behind that barrier.
-        stage_kv(j0 + BK, j0, j0 + BK < j_end, true, hb4, plane4, lid);
+        // (After the last block nothing reads K: it takes this block's keys again, which
+        // are inside the planes. Block 0's V was staged with its K, and is again here.)
+        stage_kv(select(j0, j0 + BK, j0 + BK < j_end), j0, hb4, plane4, lid);
         let jb = j0 + half_ * 16u;
         let sr = rb + half_ * 16u;
         let lim = vec4<u32>(j_end);
