@@ -14,10 +14,11 @@ pub(crate) fn threads() -> usize {
 }
 
 /// Worker threads started once, [`threads`] of them, for work that comes often and in small
-/// pieces (a window's spectrogram: ~0.6 ms on 16 cores), where starting threads for each
-/// piece costs more than the piece (the lent machines: 2.0-3.8 ms for jfk's spectrogram on
-/// 12 new threads, 4.3-11.3 on 47; bench/RESULTS.md, twenty-sixth session). None where the
-/// system refuses the threads: callers then work on their own thread.
+/// pieces (a file's spectrogram: ~3 µs a frame, ~9 ms for 30 s on one core of the lent
+/// machines), where starting threads for each piece costs more than the piece there (jfk's
+/// spectrogram 2.0-3.8 ms on 5 new threads, 4.3-11.3 on 16; bench/RESULTS.md, twenty-sixth
+/// session). None where the system refuses the threads: callers then work on their own
+/// thread.
 pub(crate) fn pool() -> Option<&'static rayon::ThreadPool> {
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().num_threads(threads()).thread_name(|i| format!("verbatim-pool-{i}")).build().ok())

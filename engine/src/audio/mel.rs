@@ -401,7 +401,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn frame_counts_and_silence() {
         for (len, pad, frames) in [

@@ -287,6 +287,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
 //
 // Per block: [S = Q K^T, stored] (1) [next K and this V staged; softmax, P stored; rescale
 // flag] (2, a uniform load) [rare: the rescale] [P V into the held accumulators].
+//
+// It repeats main's prologue and score reads line for line on purpose: it is a probe beside
+// main until a device times the two, and whichever loses is deleted whole.
 
 const HEADROOM: f32 = 8.0;
 

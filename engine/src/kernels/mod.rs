@@ -1371,7 +1371,7 @@ impl Kernels {
     /// The same kernels with attention_coop.wgsl in shape `nsg` x `od`, entry `main_held`
     /// (`held`) or `main`, where the device has it (tests hold each to the CPU).
     pub fn with_attention_coop_kernel(mut self, gpu: &Gpu, nsg: u32, od: u32, held: bool) -> Result<Kernels> {
-        attention_coop_source(nsg, od)?;
+        attention_coop_source(nsg, od)?; // (a shape it cannot build refused on any device)
         if self.attention_coop.is_some() {
             self.attention_coop = Some(attention_coop_kernel(gpu, nsg, od, held)?);
         }
