@@ -430,9 +430,10 @@ pub fn attention_coop_source(nsg: u32, od: u32) -> Result<String> {
 }
 /// Whether the encoder's attention takes attention_coop.wgsl's `main_held` (P·V's
 /// accumulators held across key blocks, rescaled only when a row's scale moves) or `main`
-/// (each block's P·V added into registers): `VERBATIM_ATTENTION_COOP_HELD=1|0`. `main`
-/// until `main_held` has run on a device with cooperative matrices (its test,
-/// attention_coop_matches_reference, runs only there) and been timed.
+/// (each block's P·V added into registers): `VERBATIM_ATTENTION_COOP_HELD=1|0`. `main`:
+/// on the lent H100 (bench/RESULTS.md, 2026-12-08) main_held was 7-9 % faster but wrong
+/// (its test, attention_coop_held_matches_reference, now ignored, failed its first case;
+/// every transcript differed); it stays off until that is found.
 pub fn attention_coop_held() -> bool {
     std::env::var("VERBATIM_ATTENTION_COOP_HELD").map_or(ATTENTION_COOP_HELD, |v| v != "0")
 }
