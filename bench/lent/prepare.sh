@@ -21,7 +21,7 @@ if [[ ! -d .gl ]] || ! ls .gl/libvulkan1_*.deb > /dev/null 2>&1; then
 fi
 
 cargo build --release -p verbatim
-tests=$(cargo test --release -p verbatim-engine --lib --no-run 2>&1 | grep -o 'target/release/deps/engine-[0-9a-f]*' | tail -1)
+tests=$(cargo test --release -p verbatim-engine --lib --no-run 2>&1 | grep -o "target/release/deps/engine-[0-9a-f]*" | tail -1 || true)
 [[ -x $tests ]] || { echo "prepare: no engine test binary found" >&2; exit 1; }
 mkdir -p .dev/y .dev/z/model .dev/z/samples
 strip -o /tmp/verbatim.stripped target/release/verbatim

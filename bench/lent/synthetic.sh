@@ -18,7 +18,7 @@ if [ -f .dev/y/engine-tests.gz ] && [ -z "$SKIP_TESTS" ]; then
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 i=0
-for g in ${GEOS:-tiny small}; do for h in ${VALUES:-1 0 1 0}; do i=$((i+1))
+for g in ${GEOS:-tiny small}; do for h in ${VALUES-1 0 1 0}; do i=$((i+1))
   env ${VAR:-VERBATIM_ATTENTION_COOP_HELD}=$h timeout 120 /root/w/verbatim bench --synthetic $g --batches ${BATCHES:-3} --steps 16 > $OUT/bench_${g}_${h}_$i.txt 2>&1
   echo "== $g ${VAR:-VERBATIM_ATTENTION_COOP_HELD}=$h ($i) rc=$?"
   grep -E "^\| encoder|^\| the same windows|^\| decode, |^\| attention_coop|^\| copy ceiling" $OUT/bench_${g}_${h}_$i.txt | cut -c1-150
