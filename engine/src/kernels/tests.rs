@@ -1792,7 +1792,7 @@ fn attention_coop_held_matches_reference() {
         // main, main_held and main_held that never rescales; all printed, then asserted.
         let mut errs = Vec::new();
         for t in [16, 32, 33, 64, 384, 385, 1500] {
-            let main = run_attention_sharpened(Kernels::load(g).unwrap(), &mut r, t, 1, false).1;
+            let main = run_attention_sharpened(Kernels::load(g).unwrap().with_attention_coop_kernel(g, 4, 32, false).unwrap(), &mut r, t, 1, false).1;
             let held = run_attention_sharpened(Kernels::load(g).unwrap().with_attention_coop_kernel(g, 4, 32, true).unwrap(), &mut r, t, 1, false).1;
             let held_still = run_attention_sharpened(still(), &mut r, t, 1, false).1;
             eprintln!("t={t:4}: main {main:.2e}, main_held {held:.2e}, main_held without rescales {held_still:.2e}");
